@@ -1,0 +1,105 @@
+"""Instance catalog: the hardware facts every other module sizes itself from.
+
+The GPU node group's launch template (EFA interfaces), the RayCluster's worker
+resources (GPUs, EFA devices, huge pages, CPU, memory), the communication
+estimate and the cost estimate all read these rows, so moving a stack to another
+GPU family is a one-line configuration change.
+
+Prices are on-demand Linux prices per hour in us-east-1 as listed on the EC2
+pricing page (https://aws.amazon.com/ec2/pricing/on-demand/); they drift, so they
+are estimates, not bills. P-series prices are after AWS's June 2025 price cut.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+EC2_DOCS = "https://docs.aws.amazon.com/ec2/latest/instancetypes/ac.html"
+EFA_DOCS = "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa.html#efa-instance-types"
+PRICING = "https://aws.amazon.com/ec2/pricing/on-demand/ (us-east-1, Linux)"
+HUGEPAGES_DOCS = "https://docs.aws.amazon.com/eks/latest/userguide/node-efa.html"
+GPUDIRECT_NOTE = "aws-ofi-nccl issue 547: g5/g6/g6e have EFA without GPUDirect RDMA"
+
+# The EFA driver pre-allocates 5128 x 2 MiB huge pages; pods that use EFA request 5120Mi.
+EFA_HUGEPAGES_2MI = "5120Mi"
+
+
+@dataclass(frozen=True)
+class GpuInstanceType:
+    name: str
+    gpus: int
+    gpu_model: str
+    gpu_memory_gib: int
+    gpu_bf16_tflops: float  # dense, per GPU, datasheet
+    vcpus: int
+    memory_gib: int
+    efa_interfaces: int  # one per network card
+    gpudirect_rdma: bool
+    nvlink: bool
+    network_gbps: int
+    hugepages_2mi: str | None
+    price_per_hour: float
+    sources: tuple[str, ...]
+
+    @property
+    def efa(self) -> bool:
+        return self.efa_interfaces > 0
+
+
+@dataclass(frozen=True)
+class CpuInstanceType:
+    name: str
+    vcpus: int
+    memory_gib: int
+    price_per_hour: float
+    sources: tuple[str, ...] = (EC2_DOCS, PRICING)
+
+
+def _gpu(name, gpus, model, mem, tflops, vcpus, ram, efa, rdma, nvlink, gbps, price, extra=()):
+    return GpuInstanceType(
+        name=name, gpus=gpus, gpu_model=model, gpu_memory_gib=mem, gpu_bf16_tflops=tflops,
+        vcpus=vcpus, memory_gib=ram, efa_interfaces=efa, gpudirect_rdma=rdma, nvlink=nvlink,
+        network_gbps=gbps, hugepages_2mi=EFA_HUGEPAGES_2MI if efa else None,
+        price_per_hour=price, sources=(EC2_DOCS, EFA_DOCS, PRICING, HUGEPAGES_DOCS, *extra),
+    )
+
+
+L4 = ("https://www.nvidia.com/en-us/data-center/l4/ (121 TFLOP/s dense bf16)", GPUDIRECT_NOTE)
+L40S = ("https://www.nvidia.com/en-us/data-center/l40s/ (362 TFLOP/s dense bf16)", GPUDIRECT_NOTE)
+A100 = ("https://www.nvidia.com/en-us/data-center/a100/ (312 TFLOP/s dense bf16)",)
+H100 = ("https://www.nvidia.com/en-us/data-center/h100/ (989 TFLOP/s dense bf16, SXM)",)
+H200 = ("https://www.nvidia.com/en-us/data-center/h200/ (989 TFLOP/s dense bf16)",)
+
+GPU_TYPES: dict[str, GpuInstanceType] = {t.name: t for t in (
+    _gpu("g6.12xlarge", 4, "NVIDIA L4", 24, 121.0, 48, 192, 1, False, False, 40, 4.6016, L4),
+    _gpu("g6.48xlarge", 8, "NVIDIA L4", 24, 121.0, 192, 768, 1, False, False, 100, 13.3504, L4),
+    _gpu("g6e.12xlarge", 4, "NVIDIA L40S", 48, 362.0, 48, 384, 1, False, False, 100, 10.4926, L40S),
+    _gpu("g6e.48xlarge", 8, "NVIDIA L40S", 48, 362.0, 192, 1536, 4, False, False, 400, 30.1308, L40S),
+    _gpu("p4d.24xlarge", 8, "NVIDIA A100", 40, 312.0, 96, 1152, 4, True, True, 400, 21.9576, A100),
+    _gpu("p5.48xlarge", 8, "NVIDIA H100", 80, 989.0, 192, 2048, 32, True, True, 3200, 55.04, H100),
+    _gpu("p5e.48xlarge", 8, "NVIDIA H200", 141, 989.0, 192, 2048, 32, True, True, 3200, 63.296, H200),
+)}
+
+# GPU types that exist but have no EFA: named so the error can say why they are refused.
+NON_EFA_GPU_TYPES = frozenset({
+    "g4dn.xlarge", "g4dn.12xlarge", "g5.xlarge", "g5.2xlarge", "g5.12xlarge",
+    "g6.xlarge", "g6.2xlarge", "g6.4xlarge", "g6e.xlarge", "g6e.2xlarge", "p3.2xlarge",
+})
+
+CPU_TYPES: dict[str, CpuInstanceType] = {t.name: t for t in (
+    CpuInstanceType("m7i.large", 2, 8, 0.1008),
+    CpuInstanceType("m7i.xlarge", 4, 16, 0.2016),
+    CpuInstanceType("m7i.2xlarge", 8, 32, 0.4032),
+    CpuInstanceType("m7i.4xlarge", 16, 64, 0.8064),
+    CpuInstanceType("m6i.xlarge", 4, 16, 0.192),
+    CpuInstanceType("m6i.2xlarge", 8, 32, 0.384),
+    CpuInstanceType("m5.xlarge", 4, 16, 0.192),
+    CpuInstanceType("m5.2xlarge", 8, 32, 0.384),
+)}
+
+EKS_CONTROL_PLANE_PER_HOUR = 0.10  # standard support; extended support is 0.60
+NAT_GATEWAY_PER_HOUR = 0.045  # plus 0.045 per GB processed, not estimated here
+PRICE_SOURCES = (
+    "https://aws.amazon.com/eks/pricing/",
+    "https://aws.amazon.com/vpc/pricing/",
+    PRICING,
+)

@@ -1,0 +1,110 @@
+"""The EKS control plane, its add-ons, the OIDC provider for IRSA and access entries."""
+from __future__ import annotations
+
+import json
+
+import pulumi
+import pulumi_aws as aws
+
+from infra import iam
+from infra.config import StackConfig
+
+CONTROL_PLANE_LOGS = ["api", "audit", "authenticator"]
+# Installed before any node joins (networking), or after the system nodes (coredns needs a node).
+EARLY_ADDONS = ("vpc-cni", "kube-proxy")
+LATE_ADDONS = ("coredns",)
+
+
+def kubeconfig(cluster_name: str, endpoint: str, ca_data: str, region: str) -> str:
+    """A kubeconfig that authenticates with `aws eks get-token`: no static credentials."""
+    return json.dumps({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": cluster_name, "cluster": {"server": endpoint, "certificate-authority-data": ca_data}}],
+        "contexts": [{"name": cluster_name, "context": {"cluster": cluster_name, "user": cluster_name}}],
+        "current-context": cluster_name,
+        "users": [{"name": cluster_name, "user": {"exec": {
+            "apiVersion": "client.authentication.k8s.io/v1beta1",
+            "command": "aws",
+            "args": ["eks", "get-token", "--cluster-name", cluster_name, "--region", region, "--output", "json"],
+            "interactiveMode": "Never",
+        }}}],
+    })
+
+
+class EksCluster(pulumi.ComponentResource):
+    """Control plane with API authentication mode, restricted public endpoint and IRSA."""
+
+    def __init__(self, name: str, cfg: StackConfig, *, subnet_ids: list[pulumi.Input[str]],
+                 opts: pulumi.ResourceOptions | None = None):
+        super().__init__("raytrain:infra:EksCluster", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        tags = cfg.resource_tags
+
+        role = aws.iam.Role(f"{name}-cluster-role", assume_role_policy=iam.service_trust("eks.amazonaws.com"),
+                            tags=tags, opts=child)
+        attachments = [aws.iam.RolePolicyAttachment(f"{name}-cluster-{i}", role=role.name, policy_arn=arn, opts=child)
+                       for i, arn in enumerate(iam.EKS_CLUSTER_POLICIES)]
+
+        self.cluster = aws.eks.Cluster(
+            f"{name}-eks",
+            name=cfg.cluster_name,
+            version=cfg.kubernetes_version,
+            role_arn=role.arn,
+            vpc_config=aws.eks.ClusterVpcConfigArgs(
+                subnet_ids=subnet_ids,
+                endpoint_private_access=True,
+                endpoint_public_access=True,
+                public_access_cidrs=list(cfg.api_access_cidrs),
+            ),
+            access_config=aws.eks.ClusterAccessConfigArgs(
+                authentication_mode="API",
+                bootstrap_cluster_creator_admin_permissions=True,
+            ),
+            bootstrap_self_managed_addons=False,
+            enabled_cluster_log_types=CONTROL_PLANE_LOGS,
+            upgrade_policy=aws.eks.ClusterUpgradePolicyArgs(support_type="STANDARD"),
+            tags=tags,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=attachments),
+        )
+
+        self.oidc_issuer = self.cluster.identities.apply(lambda ids: ids[0]["oidcs"][0]["issuer"])
+        self.oidc_provider = aws.iam.OpenIdConnectProvider(
+            f"{name}-oidc", url=self.oidc_issuer, client_id_lists=["sts.amazonaws.com"], tags=tags, opts=child)
+
+        self.early_addons = [
+            aws.eks.Addon(f"{name}-{addon}", cluster_name=self.cluster.name, addon_name=addon,
+                          resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="OVERWRITE",
+                          tags=tags, opts=child)
+            for addon in EARLY_ADDONS
+        ]
+
+        for i, principal in enumerate(cfg.admin_role_arns):
+            entry = aws.eks.AccessEntry(f"{name}-admin-{i}", cluster_name=self.cluster.name,
+                                        principal_arn=principal, type="STANDARD", tags=tags, opts=child)
+            aws.eks.AccessPolicyAssociation(
+                f"{name}-admin-{i}", cluster_name=self.cluster.name, principal_arn=entry.principal_arn,
+                policy_arn=iam.CLUSTER_ADMIN_POLICY,
+                access_scope=aws.eks.AccessPolicyAssociationAccessScopeArgs(type="cluster"), opts=child)
+
+        self.node_role = aws.iam.Role(f"{name}-node-role", assume_role_policy=iam.service_trust("ec2.amazonaws.com"),
+                                      tags=tags, opts=child)
+        self.node_role_attachments = [
+            aws.iam.RolePolicyAttachment(f"{name}-node-{i}", role=self.node_role.name, policy_arn=arn, opts=child)
+            for i, arn in enumerate(iam.NODE_POLICIES)
+        ]
+        self.security_group_id = self.cluster.vpc_config.cluster_security_group_id
+        self.kubeconfig = pulumi.Output.secret(pulumi.Output.all(
+            self.cluster.name, self.cluster.endpoint, self.cluster.certificate_authority.data,
+        ).apply(lambda a: kubeconfig(a[0], a[1], a[2], cfg.region)))
+        self.register_outputs({"clusterName": self.cluster.name})
+
+    def late_addons(self, *, depends_on: list[pulumi.Resource]) -> list[aws.eks.Addon]:
+        """Add-ons that need a node to schedule on (coredns)."""
+        return [
+            aws.eks.Addon(f"{self._name}-{addon}", cluster_name=self.cluster.name, addon_name=addon,
+                          resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="OVERWRITE",
+                          tags=self.cluster.tags,
+                          opts=pulumi.ResourceOptions(parent=self, depends_on=depends_on))
+            for addon in LATE_ADDONS
+        ]

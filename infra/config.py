@@ -1,0 +1,398 @@
+"""The stack configuration: read once, validated whole, then frozen.
+
+Every setting of a stack (Pulumi.<stack>.yaml, or `pulumi config set`) lands in
+one StackConfig before any resource is declared. Problems are collected and
+reported together, each naming the key, the bad value, why it is wrong and how
+to fix it, so a user fixes a stack file in one pass instead of one `pulumi up`
+per mistake.
+
+Values arrive either as strings (the Pulumi engine passes every value, and
+structured values as JSON) or as YAML-native types (Pulumi.<stack>.yaml read by
+the offline plan); both are accepted.
+"""
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import json
+import re
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+
+from infra import catalog
+
+PROJECT = "raytrain-eks"
+
+SUPPORTED_KUBERNETES_VERSIONS = ("1.34", "1.35", "1.36")
+DEFAULT_DLC_IMAGE = "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1"
+MIN_RAY_VERSION = (2, 52, 0)
+NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
+
+_DIGEST_IMAGE = re.compile(r"^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+@sha256:[0-9a-f]{64}$")
+_TAG_IMAGE = re.compile(r"^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+_REGION = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
+_CLUSTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_ROLE_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$")
+_RESERVATION = re.compile(r"^cr-[0-9a-f]{17}$")
+_SEMVER = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)$")
+
+
+class ConfigError(ValueError):
+    """All configuration problems of a stack, one per line."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"invalid stack configuration ({len(self.problems)} problem(s)):\n{lines}")
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    project: str
+    stack: str
+    region: str
+    availability_zone: str | None
+    kubernetes_version: str
+    cluster_name: str
+    system_node_type: str
+    system_node_count: int
+    gpu_node_type: str
+    gpu_node_count: int
+    capacity_type: str
+    capacity_reservation_id: str | None
+    placement_group: bool
+    api_access_cidrs: tuple[str, ...]
+    admin_role_arns: tuple[str, ...]
+    dlc_image: str
+    ray_version: str
+    kuberay_version: str
+    nvidia_device_plugin_version: str
+    efa_device_plugin_version: str
+    nccl_debug: str
+    ray_namespace: str
+    checkpoint_bucket: str | None
+    retain_checkpoints_on_destroy: bool
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+    ray_cluster_name = "raytrain"
+    ray_service_account = "ray-train"
+
+    @property
+    def ray_head_service(self) -> str:
+        """KubeRay names the head Service <raycluster>-head-svc."""
+        return f"{self.ray_cluster_name}-head-svc"
+
+    @property
+    def gpu(self) -> catalog.GpuInstanceType:
+        return catalog.GPU_TYPES[self.gpu_node_type]
+
+    @property
+    def system(self) -> catalog.CpuInstanceType:
+        return catalog.CPU_TYPES[self.system_node_type]
+
+    @property
+    def image_is_digest(self) -> bool:
+        return "@sha256:" in self.dlc_image
+
+    @property
+    def resource_tags(self) -> dict[str, str]:
+        """Tags for every AWS resource: the user's plus the project and stack."""
+        return {"project": self.project, "stack": self.stack, **self.tags}
+
+
+@dataclass(frozen=True)
+class _Key:
+    name: str
+    default: Any
+    parse: Callable[[str, Any, list[str]], Any]
+    help: str
+
+
+def _as_str(key, value, problems):
+    if isinstance(value, (dict, list)):
+        problems.append(f"{key}: expected a single value, got {value!r}; write it as a plain string")
+        return None
+    return str(value).strip()
+
+
+def _as_int(lo: int, hi: int):
+    def parse(key, value, problems):
+        try:
+            number = int(str(value).strip())
+        except ValueError:
+            problems.append(f"{key}: {value!r} is not a whole number; set it to an integer between {lo} and {hi}")
+            return None
+        if not lo <= number <= hi:
+            problems.append(f"{key}: {number} is out of range; set it to an integer between {lo} and {hi}")
+            return None
+        return number
+    return parse
+
+
+def _as_bool(key, value, problems):
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "yes", "1"):
+        return True
+    if text in ("false", "no", "0"):
+        return False
+    problems.append(f"{key}: {value!r} is not a boolean; set it to true or false")
+    return None
+
+
+def _structured(key, value, kind, problems, example):
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            if kind is list:
+                value = [v.strip() for v in value.split(",") if v.strip()]
+            else:
+                problems.append(f"{key}: {value!r} is not a {kind.__name__}; write it as {example}")
+                return None
+    if not isinstance(value, kind):
+        problems.append(f"{key}: {value!r} is not a {kind.__name__}; write it as {example}")
+        return None
+    return value
+
+
+def _one_of(choices: tuple[str, ...]):
+    def parse(key, value, problems):
+        text = _as_str(key, value, problems)
+        if text is None:
+            return None
+        if text not in choices:
+            problems.append(f"{key}: {text!r} is not supported; use one of {', '.join(choices)}")
+            return None
+        return text
+    return parse
+
+
+def _matching(pattern: re.Pattern, what: str):
+    def parse(key, value, problems):
+        text = _as_str(key, value, problems)
+        if text is None:
+            return None
+        if not pattern.match(text):
+            problems.append(f"{key}: {text!r} is not {what}")
+            return None
+        return text
+    return parse
+
+
+def _gpu_type(key, value, problems):
+    text = _as_str(key, value, problems)
+    if text is None:
+        return None
+    if text in catalog.GPU_TYPES:
+        return text
+    supported = ", ".join(catalog.GPU_TYPES)
+    why = "has no EFA network interface" if text in catalog.NON_EFA_GPU_TYPES else "is not in the instance catalog"
+    problems.append(f"{key}: {text!r} {why}; use one of the supported EFA GPU types: {supported}")
+    return None
+
+
+def _cpu_type(key, value, problems):
+    text = _as_str(key, value, problems)
+    if text is None:
+        return None
+    if text not in catalog.CPU_TYPES:
+        problems.append(f"{key}: {text!r} is not in the instance catalog; use one of {', '.join(catalog.CPU_TYPES)}")
+        return None
+    return text
+
+
+def _cidrs(key, value, problems):
+    items = _structured(key, value, list, problems, '["203.0.113.10/32"]')
+    if items is None:
+        return None
+    if not items:
+        problems.append(f"{key}: the list is empty; give the CIDRs allowed to reach the EKS API, e.g. your address as x.x.x.x/32")
+        return None
+    good = []
+    for item in items:
+        try:
+            net = ipaddress.ip_network(str(item), strict=True)
+        except ValueError as err:
+            problems.append(f"{key}: {item!r} is not a CIDR ({err}); write it like 203.0.113.10/32")
+            continue
+        if net.prefixlen == 0:
+            problems.append(
+                f"{key}: {item!r} opens the EKS API endpoint to the whole internet; "
+                "list only the addresses you deploy from (e.g. your IP as x.x.x.x/32)")
+            continue
+        good.append(str(net))
+    return tuple(good)
+
+
+def _role_arns(key, value, problems):
+    items = _structured(key, value, list, problems, '["arn:aws:iam::123456789012:role/Admin"]')
+    if items is None:
+        return None
+    for item in items:
+        if not _ROLE_ARN.match(str(item)):
+            problems.append(f"{key}: {item!r} is not an IAM role or user ARN; write it like arn:aws:iam::123456789012:role/Admin")
+    return tuple(str(i) for i in items)
+
+
+def _tags(key, value, problems):
+    mapping = _structured(key, value, dict, problems, '{"team": "ml", "cost-center": "1234"}')
+    if mapping is None:
+        return None
+    for tag, tag_value in mapping.items():
+        if str(tag).lower().startswith("aws:"):
+            problems.append(f"{key}: tag {tag!r} uses the reserved prefix 'aws:'; rename it")
+        elif not 1 <= len(str(tag)) <= 128:
+            problems.append(f"{key}: tag {tag!r} must be 1 to 128 characters long")
+        if isinstance(tag_value, (dict, list)) or len(str(tag_value)) > 256:
+            problems.append(f"{key}: the value of tag {tag!r} must be a string of at most 256 characters")
+    return MappingProxyType({str(k): str(v) for k, v in mapping.items()})
+
+
+def _version(minimum: tuple[int, int, int] | None = None):
+    def parse(key, value, problems):
+        text = _as_str(key, value, problems)
+        if text is None:
+            return None
+        match = _SEMVER.match(text)
+        if not match:
+            problems.append(f"{key}: {text!r} is not a version; write it as MAJOR.MINOR.PATCH, e.g. 2.58.0")
+            return None
+        if minimum and tuple(int(g) for g in match.groups()) < minimum:
+            problems.append(
+                f"{key}: {text} is older than {'.'.join(map(str, minimum))}, the first version with "
+                "token authentication; use the version of the DLC image (2.58.0)")
+            return None
+        return text
+    return parse
+
+
+def _image(key, value, problems):
+    text = _as_str(key, value, problems)
+    if text is None:
+        return None
+    if _DIGEST_IMAGE.match(text) or _TAG_IMAGE.match(text):
+        return text
+    problems.append(
+        f"{key}: {text!r} is neither registry/repository@sha256:<64 hex> nor registry/repository:tag; "
+        f"e.g. {DEFAULT_DLC_IMAGE}")
+    return None
+
+
+KEYS: dict[str, _Key] = {k.name: k for k in (
+    _Key("availabilityZone", None, _matching(re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$"), "an availability zone name such as us-east-1a"),
+         "AZ of the GPU nodes; unset picks one that offers gpuNodeType"),
+    _Key("kubernetesVersion", SUPPORTED_KUBERNETES_VERSIONS[-1], _one_of(SUPPORTED_KUBERNETES_VERSIONS), "EKS version"),
+    _Key("clusterName", None, _matching(_CLUSTER_NAME, "a valid EKS cluster name (letters, digits, - and _, at most 100)"),
+         "EKS cluster name; default <project>-<stack>"),
+    _Key("systemNodeType", "m7i.xlarge", _cpu_type, "instance type of the CPU system nodes"),
+    _Key("systemNodeCount", 1, _as_int(1, 10), "number of CPU system nodes"),
+    _Key("gpuNodeType", "g6.12xlarge", _gpu_type, "EFA GPU instance type"),
+    _Key("gpuNodeCount", 2, _as_int(1, 64), "number of GPU nodes"),
+    _Key("capacityType", "ON_DEMAND", _one_of(("ON_DEMAND", "SPOT")), "ON_DEMAND or SPOT"),
+    _Key("capacityReservationId", None, _matching(_RESERVATION, "a capacity reservation id like cr-0123456789abcdef0"),
+         "target an On-Demand Capacity Reservation"),
+    _Key("placementGroup", None, _as_bool, "cluster placement group for the GPU nodes; default true without a reservation"),
+    _Key("apiAccessCidrs", None, _cidrs, "CIDRs allowed to reach the public EKS API endpoint (required)"),
+    _Key("adminRoleArns", (), _role_arns, "extra IAM principals with cluster-admin access entries"),
+    _Key("dlcImage", DEFAULT_DLC_IMAGE, _image, "Ray Train DLC image, by digest or by tag (resolved to a digest)"),
+    _Key("rayVersion", "2.58.0", _version(MIN_RAY_VERSION), "Ray version of the image"),
+    _Key("kuberayVersion", "1.7.0", _version(), "KubeRay operator chart version"),
+    _Key("nvidiaDevicePluginVersion", "0.20.0", _version(), "NVIDIA k8s-device-plugin chart version"),
+    _Key("efaDevicePluginVersion", "v0.5.32", _version(), "aws-efa-k8s-device-plugin chart version"),
+    _Key("ncclDebug", "INFO", _one_of(NCCL_DEBUG_LEVELS), "NCCL_DEBUG on the GPU workers"),
+    _Key("rayNamespace", "ray", _matching(re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"), "a Kubernetes namespace name"),
+         "namespace of the RayCluster"),
+    _Key("checkpointBucket", None, _matching(_BUCKET, "a valid S3 bucket name (3-63 lowercase letters, digits, dots, hyphens)"),
+         "checkpoint bucket name; default generated"),
+    _Key("retainCheckpointsOnDestroy", True, _as_bool, "protect the checkpoint bucket from pulumi destroy"),
+    _Key("tags", MappingProxyType({}), _tags, "tags applied to every AWS resource that takes tags"),
+)}
+
+
+def load(raw: Mapping[str, Any], *, stack: str, project: str = PROJECT) -> StackConfig:
+    """Build a StackConfig from full config keys ("aws:region", "raytrain-eks:gpuNodeCount").
+
+    Raises ConfigError listing every problem found.
+    """
+    problems: list[str] = []
+    prefix = f"{project}:"
+    ours = {k[len(prefix):]: v for k, v in raw.items() if k.startswith(prefix)}
+    for name in sorted(set(ours) - set(KEYS)):
+        close = difflib.get_close_matches(name, KEYS, n=1, cutoff=0.6)
+        hint = f"did you mean {prefix}{close[0]}?" if close else f"known keys: {', '.join(KEYS)}"
+        problems.append(f"{prefix}{name}: unknown configuration key; {hint}")
+
+    values: dict[str, Any] = {}
+    for name, key in KEYS.items():
+        if name in ours and ours[name] is not None:
+            values[name] = key.parse(f"{prefix}{name}", ours[name], problems)
+        else:
+            values[name] = key.default
+
+    region = raw.get("aws:region")
+    if not region:
+        problems.append("aws:region: not set; run `pulumi config set aws:region us-east-1` (or the region you deploy to)")
+    elif not _REGION.match(str(region)):
+        problems.append(f"aws:region: {region!r} is not an AWS region name such as us-east-1")
+    if values["apiAccessCidrs"] is None and "apiAccessCidrs" not in ours:
+        problems.append(
+            f"{prefix}apiAccessCidrs: not set; the EKS API is never opened to 0.0.0.0/0 silently. Run "
+            f"`pulumi config set --path '{prefix}apiAccessCidrs[0]' $(curl -s https://checkip.amazonaws.com)/32`")
+
+    az = values["availabilityZone"]
+    if az and region and not str(az).startswith(str(region)):
+        problems.append(f"{prefix}availabilityZone: {az!r} is not in region {region}; pick an AZ of {region} or unset it")
+    reservation = values["capacityReservationId"]
+    if reservation and values["capacityType"] == "SPOT":
+        problems.append(f"{prefix}capacityReservationId: a capacity reservation holds On-Demand capacity; set capacityType to ON_DEMAND or remove the reservation")
+    if reservation and values["placementGroup"] is True:
+        problems.append(
+            f"{prefix}placementGroup: true together with capacityReservationId causes InsufficientInstanceCapacity "
+            "unless the reservation was made in that placement group; set placementGroup to false")
+    if values["placementGroup"] is None:
+        values["placementGroup"] = reservation is None
+
+    if problems:
+        raise ConfigError(problems)
+
+    return StackConfig(
+        project=project,
+        stack=stack,
+        region=str(region),
+        availability_zone=values["availabilityZone"],
+        kubernetes_version=values["kubernetesVersion"],
+        cluster_name=values["clusterName"] or f"{project}-{stack}",
+        system_node_type=values["systemNodeType"],
+        system_node_count=values["systemNodeCount"],
+        gpu_node_type=values["gpuNodeType"],
+        gpu_node_count=values["gpuNodeCount"],
+        capacity_type=values["capacityType"],
+        capacity_reservation_id=reservation,
+        placement_group=values["placementGroup"],
+        api_access_cidrs=values["apiAccessCidrs"],
+        admin_role_arns=tuple(values["adminRoleArns"]),
+        dlc_image=values["dlcImage"],
+        ray_version=values["rayVersion"],
+        kuberay_version=values["kuberayVersion"],
+        nvidia_device_plugin_version=values["nvidiaDevicePluginVersion"],
+        efa_device_plugin_version=values["efaDevicePluginVersion"],
+        nccl_debug=values["ncclDebug"],
+        ray_namespace=values["rayNamespace"],
+        checkpoint_bucket=values["checkpointBucket"],
+        retain_checkpoints_on_destroy=values["retainCheckpointsOnDestroy"],
+        tags=values["tags"],
+    )
+
+
+def from_pulumi() -> StackConfig:
+    """Read the running stack's configuration from the Pulumi engine."""
+    import pulumi
+    from pulumi.runtime import config as runtime_config
+
+    raw = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
+    normalized = {key.replace(":config:", ":", 1): value for key, value in raw.items()}
+    return load(normalized, stack=pulumi.get_stack(), project=pulumi.get_project())

@@ -1,0 +1,67 @@
+"""IAM documents as plain data, so tests can read every statement."""
+from __future__ import annotations
+
+import json
+
+EKS_CLUSTER_POLICIES = ("arn:aws:iam::aws:policy/AmazonEKSClusterPolicy",)
+# What a node needs and nothing more: join the cluster, run the VPC CNI, pull images,
+# and be reachable through SSM Session Manager instead of SSH keys.
+NODE_POLICIES = (
+    "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy",
+    "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy",
+    "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryPullOnly",
+    "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore",
+)
+CLUSTER_ADMIN_POLICY = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
+
+
+def service_trust(service: str) -> str:
+    return json.dumps({
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Principal": {"Service": service},
+                       "Action": ["sts:AssumeRole", "sts:TagSession"] if service == "eks.amazonaws.com" else "sts:AssumeRole"}],
+    })
+
+
+def irsa_trust(oidc_provider_arn: str, oidc_issuer_url: str, namespace: str, service_account: str) -> str:
+    """Trust only one service account of one namespace, through the cluster's OIDC provider."""
+    issuer = oidc_issuer_url.removeprefix("https://")
+    return json.dumps({
+        "Version": "2012-10-17",
+        "Statement": [{
+            "Effect": "Allow",
+            "Principal": {"Federated": oidc_provider_arn},
+            "Action": "sts:AssumeRoleWithWebIdentity",
+            "Condition": {"StringEquals": {
+                f"{issuer}:sub": f"system:serviceaccount:{namespace}:{service_account}",
+                f"{issuer}:aud": "sts.amazonaws.com",
+            }},
+        }],
+    })
+
+
+def bucket_read_write(bucket_arn: str) -> str:
+    """Read, write and list one bucket; nothing else in S3."""
+    return json.dumps({
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Sid": "ListCheckpointBucket", "Effect": "Allow",
+             "Action": ["s3:ListBucket", "s3:GetBucketLocation", "s3:ListBucketMultipartUploads"],
+             "Resource": bucket_arn},
+            {"Sid": "ReadWriteCheckpoints", "Effect": "Allow",
+             "Action": ["s3:GetObject", "s3:PutObject", "s3:DeleteObject",
+                        "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"],
+             "Resource": f"{bucket_arn}/*"},
+        ],
+    })
+
+
+def deny_insecure_transport(bucket_arn: str) -> str:
+    return json.dumps({
+        "Version": "2012-10-17",
+        "Statement": [{
+            "Sid": "DenyInsecureTransport", "Effect": "Deny", "Principal": "*", "Action": "s3:*",
+            "Resource": [bucket_arn, f"{bucket_arn}/*"],
+            "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+        }],
+    })

@@ -1,0 +1,91 @@
+"""The VPC: public subnets for the NAT gateway, private subnets for every node.
+
+EKS needs subnets in at least two AZs for its control plane; the GPU nodes use
+only the private subnet of the GPU AZ, because EFA traffic does not cross AZs.
+"""
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+
+VPC_CIDR = "10.0.0.0/16"
+
+
+@dataclass(frozen=True)
+class SubnetPlan:
+    az: str
+    public_cidr: str
+    private_cidr: str
+
+
+def plan_subnets(azs: list[str], vpc_cidr: str = VPC_CIDR) -> list[SubnetPlan]:
+    """One /19 private (pods take VPC addresses) and one /24 public subnet per AZ."""
+    if len(azs) < 2:
+        raise ValueError(f"EKS needs subnets in at least two availability zones, got {azs}")
+    vpc = ipaddress.ip_network(vpc_cidr)
+    private = list(vpc.subnets(new_prefix=19))
+    public = list(list(vpc.subnets(new_prefix=17))[1].subnets(new_prefix=24))
+    if len(azs) > 4:
+        raise ValueError(f"at most 4 availability zones fit in {vpc_cidr}, got {len(azs)}")
+    return [SubnetPlan(az, str(public[i]), str(private[i])) for i, az in enumerate(azs)]
+
+
+def choose_azs(region_azs: list[str], gpu_az: str, count: int = 2) -> list[str]:
+    """The GPU AZ first, then the region's other AZs in order, `count` in all."""
+    others = [az for az in sorted(region_azs) if az != gpu_az]
+    return [gpu_az, *others[: count - 1]]
+
+
+class Network(pulumi.ComponentResource):
+    """VPC, subnets, one NAT gateway in the GPU AZ, and route tables."""
+
+    def __init__(self, name: str, *, azs: list[str], cluster_name: str, tags: dict[str, str],
+                 opts: pulumi.ResourceOptions | None = None):
+        super().__init__("raytrain:infra:Network", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+
+        def tagged(suffix: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+            return {**tags, "Name": f"{cluster_name}-{suffix}", **(extra or {})}
+
+        self.vpc = aws.ec2.Vpc(f"{name}-vpc", cidr_block=VPC_CIDR, enable_dns_hostnames=True,
+                               enable_dns_support=True, tags=tagged("vpc"), opts=child)
+        igw = aws.ec2.InternetGateway(f"{name}-igw", vpc_id=self.vpc.id, tags=tagged("igw"), opts=child)
+        public_rt = aws.ec2.RouteTable(
+            f"{name}-public", vpc_id=self.vpc.id, tags=tagged("public"),
+            routes=[aws.ec2.RouteTableRouteArgs(cidr_block="0.0.0.0/0", gateway_id=igw.id)], opts=child)
+
+        cluster_tag = {f"kubernetes.io/cluster/{cluster_name}": "shared"}
+        self.public_subnets: dict[str, aws.ec2.Subnet] = {}
+        self.private_subnets: dict[str, aws.ec2.Subnet] = {}
+        for plan in plan_subnets(azs):
+            public = aws.ec2.Subnet(
+                f"{name}-public-{plan.az}", vpc_id=self.vpc.id, cidr_block=plan.public_cidr,
+                availability_zone=plan.az, map_public_ip_on_launch=False,
+                tags=tagged(f"public-{plan.az}", {**cluster_tag, "kubernetes.io/role/elb": "1"}), opts=child)
+            aws.ec2.RouteTableAssociation(f"{name}-public-{plan.az}", subnet_id=public.id,
+                                          route_table_id=public_rt.id, opts=child)
+            self.public_subnets[plan.az] = public
+            self.private_subnets[plan.az] = aws.ec2.Subnet(
+                f"{name}-private-{plan.az}", vpc_id=self.vpc.id, cidr_block=plan.private_cidr,
+                availability_zone=plan.az, map_public_ip_on_launch=False,
+                tags=tagged(f"private-{plan.az}", {**cluster_tag, "kubernetes.io/role/internal-elb": "1"}),
+                opts=child)
+
+        nat_az = azs[0]
+        eip = aws.ec2.Eip(f"{name}-nat", domain="vpc", tags=tagged("nat"), opts=child)
+        self.nat = aws.ec2.NatGateway(f"{name}-nat", allocation_id=eip.id,
+                                      subnet_id=self.public_subnets[nat_az].id, tags=tagged("nat"),
+                                      opts=pulumi.ResourceOptions(parent=self, depends_on=[igw]))
+        private_rt = aws.ec2.RouteTable(
+            f"{name}-private", vpc_id=self.vpc.id, tags=tagged("private"),
+            routes=[aws.ec2.RouteTableRouteArgs(cidr_block="0.0.0.0/0", nat_gateway_id=self.nat.id)],
+            opts=child)
+        for az, subnet in self.private_subnets.items():
+            aws.ec2.RouteTableAssociation(f"{name}-private-{az}", subnet_id=subnet.id,
+                                          route_table_id=private_rt.id, opts=child)
+
+        self.private_subnet_ids = [s.id for s in self.private_subnets.values()]
+        self.register_outputs({"vpcId": self.vpc.id})

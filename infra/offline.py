@@ -1,0 +1,129 @@
+"""Run the Pulumi program in-process under mocks: no AWS credentials, no Pulumi CLI.
+
+Used by the offline plan (`python -m infra.plan`) and by the tests. Every declared
+resource is recorded with its inputs; IDs and cloud-assigned attributes are
+placeholders. `pulumi preview` against a real account shows the real diff.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pulumi
+from pulumi.runtime import mocks as pulumi_mocks
+from pulumi.runtime.proto import resource_pb2
+
+ACCOUNT = "123456789012"
+
+
+@dataclass
+class Recorded:
+    type: str
+    name: str
+    inputs: dict[str, Any]
+    outputs: dict[str, Any]
+
+
+class _NoResourceReferencesMonitor(pulumi_mocks.MockMonitor):
+    """The stock mock monitor flakes ("attached to a different loop") when a resource is an input."""
+
+    def SupportsFeature(self, request):
+        has_support = request.id not in ("outputValues", "resourceReferences")
+        return type("SupportsFeatureResponse", (object,), {"hasSupport": has_support})
+
+    def GetDeploymentInfo(self, request):
+        info = super().GetDeploymentInfo(request)
+        kept = [f for f in info.supportedFeatures if f != resource_pb2.RESOURCE_MONITOR_FEATURE_RESOURCE_REFERENCES]
+        return resource_pb2.DeploymentInfo(supportedFeatures=kept)
+
+
+class RecordingMocks(pulumi.runtime.Mocks):
+    """Records resources and answers the few data-source calls the program makes."""
+
+    def __init__(self, region: str, *, zones: list[str] | None = None, offered_zones: list[str] | None = None):
+        self.region = region
+        self.zones = zones or [f"{region}{s}" for s in "abcd"]
+        self.offered_zones = self.zones[:3] if offered_zones is None else offered_zones
+        self.resources: list[Recorded] = []
+        self.calls: list[tuple[str, dict]] = []
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs):
+        outputs = dict(args.inputs)
+        rid = f"{args.name}-id"
+        arn_kind = args.typ.split(":")[1].split("/")[0]
+        outputs.setdefault("arn", f"arn:aws:{arn_kind}:{self.region}:{ACCOUNT}:{args.name}")
+        if args.typ == "aws:eks/cluster:Cluster":
+            outputs.update({
+                "endpoint": f"https://{args.name}.gr7.{self.region}.eks.amazonaws.com",
+                "certificateAuthority": {"data": "UExBQ0VIT0xERVI="},
+                "identities": [{"oidcs": [{"issuer": f"https://oidc.eks.{self.region}.amazonaws.com/id/PLACEHOLDER"}]}],
+                "vpcConfig": {**outputs.get("vpcConfig", {}), "clusterSecurityGroupId": "sg-cluster-placeholder"},
+            })
+        elif args.typ == "aws:s3/bucket:Bucket":
+            outputs.setdefault("bucket", f"{args.inputs.get('bucketPrefix', args.name)}placeholder")
+            outputs["arn"] = f"arn:aws:s3:::{outputs['bucket']}"
+        elif args.typ == "aws:ec2/launchTemplate:LaunchTemplate":
+            outputs["latestVersion"] = 1
+        elif args.typ == "aws:ec2/placementGroup:PlacementGroup":
+            outputs.setdefault("name", f"{args.name}-placeholder")
+        elif args.typ == "aws:eks/nodeGroup:NodeGroup":
+            outputs.setdefault("nodeGroupName", args.name)
+        elif args.typ == "aws:iam/role:Role":
+            outputs["arn"] = f"arn:aws:iam::{ACCOUNT}:role/{args.name}"
+            outputs.setdefault("name", args.name)
+        self.resources.append(Recorded(args.typ, args.name, dict(args.inputs), outputs))
+        return [rid, outputs]
+
+    def call(self, args: pulumi.runtime.MockCallArgs):
+        self.calls.append((args.token, dict(args.args)))
+        if args.token == "aws:index/getAvailabilityZones:getAvailabilityZones":
+            return {"names": self.zones, "zoneIds": [f"use1-az{i}" for i, _ in enumerate(self.zones)], "id": self.region}
+        if args.token == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
+            return {"locations": self.offered_zones, "locationTypes": ["availability-zone"] * len(self.offered_zones),
+                    "instanceTypes": [args.args["filters"][0]["values"][0]] * len(self.offered_zones),
+                    "id": self.region}
+        if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
+            return {"accountId": ACCOUNT, "arn": f"arn:aws:iam::{ACCOUNT}:user/deployer", "userId": "AIDPLACEHOLDER"}
+        return {}
+
+
+@dataclass
+class PlanResult:
+    resources: list[Recorded]
+    outputs: dict[str, Any]
+    calls: list[tuple[str, dict]] = field(default_factory=list)
+
+    def of_type(self, typ: str) -> list[Recorded]:
+        return [r for r in self.resources if r.type == typ]
+
+    def one(self, typ: str, name: str | None = None) -> Recorded:
+        found = [r for r in self.of_type(typ) if name is None or r.name == name]
+        if len(found) != 1:
+            raise AssertionError(f"expected one {typ} {name or ''}, found {[r.name for r in found]}")
+        return found[0]
+
+
+def _config_strings(raw: dict[str, Any]) -> dict[str, str]:
+    """Pulumi hands the program every value as a string, structured ones as JSON."""
+    return {k: v if isinstance(v, str) else json.dumps(v) for k, v in raw.items()}
+
+
+def run(raw_config: dict[str, Any], *, stack: str = "dev", project: str = "raytrain-eks",
+        mocks: RecordingMocks | None = None, program: Callable[[], dict] | None = None) -> PlanResult:
+    """Run the program once under mocks with the given full-key configuration."""
+    from infra import program as stack_program
+
+    region = str(raw_config.get("aws:region") or "us-east-1")
+    mocks = mocks or RecordingMocks(region)
+    pulumi.runtime.set_mocks(mocks, project=project, stack=stack, preview=False,
+                             monitor=_NoResourceReferencesMonitor(mocks))
+    pulumi.runtime.set_all_config(_config_strings(raw_config))
+    results: dict[str, Any] = {}
+
+    def body():
+        outputs = (program or stack_program.main)()
+        return pulumi.Output.all(**outputs).apply(results.update)
+
+    pulumi.runtime.test(body)()
+    return PlanResult(mocks.resources, results, mocks.calls)

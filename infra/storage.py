@@ -1,0 +1,59 @@
+"""The checkpoint bucket and the IRSA role through which Ray pods reach it."""
+from __future__ import annotations
+
+import pulumi
+import pulumi_aws as aws
+
+from infra import iam
+from infra.config import StackConfig
+
+ABORT_INCOMPLETE_UPLOADS_DAYS = 7
+
+
+class CheckpointStore(pulumi.ComponentResource):
+    """Versioned, encrypted, private bucket; protected from destroy unless the stack opts out."""
+
+    def __init__(self, name: str, cfg: StackConfig, *, oidc_provider_arn, oidc_issuer_url,
+                 opts: pulumi.ResourceOptions | None = None):
+        super().__init__("raytrain:infra:CheckpointStore", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        tags = cfg.resource_tags
+        keep = cfg.retain_checkpoints_on_destroy
+
+        bucket_args = {"bucket": cfg.checkpoint_bucket} if cfg.checkpoint_bucket else {
+            "bucket_prefix": f"{cfg.cluster_name.lower()[:37]}-ckpt-"}
+        self.bucket = aws.s3.Bucket(
+            f"{name}-bucket", force_destroy=not keep, tags=tags, **bucket_args,
+            opts=pulumi.ResourceOptions(parent=self, protect=keep, retain_on_delete=keep))
+        aws.s3.BucketPublicAccessBlock(
+            f"{name}-public-access", bucket=self.bucket.id, block_public_acls=True, block_public_policy=True,
+            ignore_public_acls=True, restrict_public_buckets=True, opts=child)
+        aws.s3.BucketVersioning(
+            f"{name}-versioning", bucket=self.bucket.id,
+            versioning_configuration=aws.s3.BucketVersioningVersioningConfigurationArgs(status="Enabled"), opts=child)
+        aws.s3.BucketServerSideEncryptionConfiguration(
+            f"{name}-encryption", bucket=self.bucket.id,
+            rules=[aws.s3.BucketServerSideEncryptionConfigurationRuleArgs(
+                apply_server_side_encryption_by_default=aws.s3.BucketServerSideEncryptionConfigurationRuleApplyServerSideEncryptionByDefaultArgs(
+                    sse_algorithm="aws:kms"),
+                bucket_key_enabled=True)], opts=child)
+        aws.s3.BucketLifecycleConfiguration(
+            f"{name}-lifecycle", bucket=self.bucket.id,
+            rules=[aws.s3.BucketLifecycleConfigurationRuleArgs(
+                id="abort-incomplete-multipart-uploads", status="Enabled",
+                filter=aws.s3.BucketLifecycleConfigurationRuleFilterArgs(prefix=""),
+                abort_incomplete_multipart_upload=aws.s3.BucketLifecycleConfigurationRuleAbortIncompleteMultipartUploadArgs(
+                    days_after_initiation=ABORT_INCOMPLETE_UPLOADS_DAYS))], opts=child)
+        aws.s3.BucketPolicy(f"{name}-tls-only", bucket=self.bucket.id,
+                            policy=self.bucket.arn.apply(iam.deny_insecure_transport), opts=child)
+
+        self.role = aws.iam.Role(
+            f"{name}-irsa",
+            assume_role_policy=pulumi.Output.all(oidc_provider_arn, oidc_issuer_url).apply(
+                lambda a: iam.irsa_trust(a[0], a[1], cfg.ray_namespace, cfg.ray_service_account)),
+            description=f"Ray pods of {cfg.cluster_name}: read and write the checkpoint bucket",
+            tags=tags, opts=child)
+        aws.iam.RolePolicy(f"{name}-irsa-s3", role=self.role.id,
+                           policy=self.bucket.arn.apply(iam.bucket_read_write), opts=child)
+        self.uri = self.bucket.bucket.apply(lambda b: f"s3://{b}")
+        self.register_outputs({"bucketUri": self.uri, "roleArn": self.role.arn})
