@@ -93,6 +93,7 @@ class PlanResult:
     resources: list[Recorded]
     outputs: dict[str, Any]
     calls: list[tuple[str, dict]] = field(default_factory=list)
+    secret_outputs: set[str] = field(default_factory=set)
 
     def of_type(self, typ: str) -> list[Recorded]:
         return [r for r in self.resources if r.type == typ]
@@ -120,10 +121,16 @@ def run(raw_config: dict[str, Any], *, stack: str = "dev", project: str = "raytr
                              monitor=_NoResourceReferencesMonitor(mocks))
     pulumi.runtime.set_all_config(_config_strings(raw_config))
     results: dict[str, Any] = {}
+    secrets: set[str] = set()
+
+    async def note_secret(name: str, output: pulumi.Output) -> None:
+        if await output.is_secret():
+            secrets.add(name)
 
     def body():
         outputs = (program or stack_program.main)()
-        return pulumi.Output.all(**outputs).apply(results.update)
+        checks = [pulumi.Output.from_input(note_secret(k, pulumi.Output.from_input(v))) for k, v in outputs.items()]
+        return pulumi.Output.all(pulumi.Output.all(**outputs).apply(results.update), *checks)
 
     pulumi.runtime.test(body)()
-    return PlanResult(mocks.resources, results, mocks.calls)
+    return PlanResult(mocks.resources, results, mocks.calls, secrets)

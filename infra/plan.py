@@ -1,0 +1,157 @@
+"""Offline plan: what `pulumi up` would create for a stack, without AWS or the Pulumi CLI.
+
+    python -m infra.plan --stack dev [--out DIR]
+
+Reads Pulumi.<stack>.yaml, runs the whole program under mocks, prints what would be
+created and the estimated hourly cost. IDs and cloud-assigned values are
+placeholders; `pulumi preview` against your account shows the real diff.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from infra import offline
+from infra.config import ConfigError
+from infra.program import PlacementError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+NOTICE = ("Offline plan: resources are declared under mocks; IDs, ARNs and cloud-assigned values are "
+          "placeholders. Run `pulumi preview` against your AWS account for the real diff.")
+
+# The inputs worth a glance in the table, per resource type.
+KEY_SETTINGS = {
+    "aws:ec2/vpc:Vpc": ("cidrBlock",),
+    "aws:ec2/subnet:Subnet": ("availabilityZone", "cidrBlock"),
+    "aws:eks/cluster:Cluster": ("name", "version", "vpcConfig.publicAccessCidrs", "accessConfig.authenticationMode"),
+    "aws:eks/nodeGroup:NodeGroup": ("instanceTypes", "amiType", "capacityType", "scalingConfig.desiredSize", "labels", "taints"),
+    "aws:ec2/launchTemplate:LaunchTemplate": ("networkInterfaces", "metadataOptions.httpTokens", "placement.groupName"),
+    "aws:ec2/placementGroup:PlacementGroup": ("strategy",),
+    "aws:eks/addon:Addon": ("addonName",),
+    "aws:s3/bucket:Bucket": ("bucket", "bucketPrefix"),
+    "kubernetes:helm.sh/v3:Release": ("chart", "version", "namespace"),
+    "kubernetes:ray.io/v1:RayCluster": ("metadata.name",),
+}
+
+
+def read_stack_file(stack: str, root: Path | None = None) -> dict[str, Any]:
+    root = root or REPO_ROOT
+    path = root / f"Pulumi.{stack}.yaml"
+    if not path.exists():
+        known = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in root.glob("Pulumi.*.yaml"))
+        raise FileNotFoundError(f"--stack {stack}: {path.name} not found; known stacks: {', '.join(known) or 'none'}")
+    data = yaml.safe_load(path.read_text()) or {}
+    config = data.get("config") or {}
+    return {key: ("[secret]" if isinstance(value, dict) and "secure" in value else value)
+            for key, value in config.items()}
+
+
+def _get(inputs: dict, dotted: str):
+    value: Any = inputs
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
+def _summary(resource: offline.Recorded) -> str:
+    parts = []
+    for key in KEY_SETTINGS.get(resource.type, ()):
+        value = _get(resource.inputs, key)
+        if value is None:
+            continue
+        if key == "networkInterfaces":
+            value = f"{len(value)} ({', '.join(sorted({i.get('interfaceType', 'interface') for i in value}))})"
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        parts.append(f"{key.split('.')[-1]}={value if isinstance(value, str) else json.dumps(value)}")
+    return " ".join(parts)
+
+
+def short_type(typ: str) -> str:
+    """aws:ec2/subnet:Subnet -> aws:ec2.Subnet"""
+    package, module, kind = (typ.split(":") + ["", ""])[:3]
+    return f"{package}:{module.split('/')[0]}.{kind}" if kind else typ
+
+
+def render_table(result: offline.PlanResult) -> str:
+    rows = [(short_type(r.type), r.name, _summary(r)) for r in result.resources if not r.type.startswith("pulumi:providers")]
+    width_type = max(len(r[0]) for r in rows)
+    width_name = max(len(r[1]) for r in rows)
+    lines = [f"{'TYPE':<{width_type}}  {'NAME':<{width_name}}  KEY SETTINGS"]
+    lines += [f"{t:<{width_type}}  {n:<{width_name}}  {s}" for t, n, s in rows]
+    return "\n".join(lines)
+
+
+def render_cost(cost: dict[str, float]) -> str:
+    lines = ["Estimated cost per hour (on-demand list prices, us-east-1):"]
+    lines += [f"  {name:<13} ${value:>8.2f}" for name, value in cost.items() if name != "total"]
+    lines.append(f"  {'total':<13} ${cost['total']:>8.2f}  (~${cost['total'] * 24:,.0f}/day while up)")
+    return "\n".join(lines)
+
+
+def kubernetes_objects(result: offline.PlanResult) -> list[dict]:
+    """Every Kubernetes object the program declares, as the API server would receive it."""
+    return [{k: v for k, v in r.inputs.items() if k in ("apiVersion", "kind", "metadata", "spec", "data", "rules",
+                                                           "subjects", "roleRef", "stringData", "type")}
+            for r in result.resources
+            if r.type.startswith("kubernetes:") and "apiVersion" in r.inputs and "kind" in r.inputs]
+
+
+def helm_releases(result: offline.PlanResult) -> list[dict]:
+    return [{"name": r.inputs.get("name", r.name), "chart": r.inputs.get("chart"), "version": r.inputs.get("version"),
+             "repository": _get(r.inputs, "repositoryOpts.repo"), "namespace": r.inputs.get("namespace"),
+             "values": r.inputs.get("values", {})}
+            for r in result.of_type("kubernetes:helm.sh/v3:Release")]
+
+
+def write_out(result: offline.PlanResult, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "resources.json"]
+    written[0].write_text(json.dumps({
+        "notice": NOTICE,
+        "resources": [{"type": r.type, "name": r.name, "inputs": r.inputs} for r in result.resources],
+        "outputs": {k: ("[secret]" if k == "kubeconfig" else v) for k, v in result.outputs.items()},
+    }, indent=2, sort_keys=True, default=str))
+    for subdir, docs, name_of in (
+        ("kubernetes", kubernetes_objects(result), lambda d: f"{d['kind'].lower()}-{d['metadata']['name']}"),
+        ("helm", helm_releases(result), lambda d: f"release-{d['name']}"),
+    ):
+        (out / subdir).mkdir(exist_ok=True)
+        for doc in docs:
+            path = out / subdir / f"{name_of(doc)}.yaml"
+            path.write_text(yaml.safe_dump(doc, sort_keys=False))
+            written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m infra.plan", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--stack", default="dev", help="reads Pulumi.<stack>.yaml (default: dev)")
+    parser.add_argument("--out", type=Path, help="write resources.json and one YAML per Kubernetes object here")
+    args = parser.parse_args(argv)
+    try:
+        raw = read_stack_file(args.stack)
+        result = offline.run(raw, stack=args.stack)
+    except (ConfigError, PlacementError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(NOTICE)
+    print()
+    print(render_table(result))
+    print()
+    print(render_cost(result.outputs["estimatedCostPerHour"]))
+    if args.out:
+        written = write_out(result, args.out)
+        print(f"\nWrote {len(written)} files to {args.out}/ (resources.json, kubernetes/, helm/)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

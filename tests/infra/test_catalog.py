@@ -1,0 +1,35 @@
+"""The instance catalog holds every figure the program sizes from, with its source."""
+from __future__ import annotations
+
+import pytest
+
+from infra import catalog
+
+REQUIRED = ["g6.12xlarge", "g6.48xlarge", "g6e.12xlarge", "g6e.48xlarge", "p4d.24xlarge", "p5.48xlarge", "p5e.48xlarge"]
+
+
+@pytest.mark.parametrize("name", REQUIRED)
+def test_every_supported_type_is_complete(name):
+    row = catalog.GPU_TYPES[name]
+    assert row.gpus in (4, 8) and row.gpu_model.startswith("NVIDIA ")
+    assert row.gpu_memory_gib > 0 and row.gpu_bf16_tflops > 0
+    assert row.vcpus >= 48 and row.memory_gib >= 192
+    assert row.efa_interfaces >= 1 and row.efa
+    assert row.network_gbps >= 40 and row.price_per_hour > 0
+    assert row.hugepages_2mi == "5120Mi"
+    assert any("pricing" in s for s in row.sources) and any("efa" in s.lower() for s in row.sources)
+
+
+def test_gpudirect_rdma_only_on_p_series():
+    assert {n for n, r in catalog.GPU_TYPES.items() if r.gpudirect_rdma} == {"p4d.24xlarge", "p5.48xlarge", "p5e.48xlarge"}
+    assert not catalog.GPU_TYPES["g6.12xlarge"].nvlink
+
+
+def test_reference_figures():
+    g6 = catalog.GPU_TYPES["g6.12xlarge"]
+    assert (g6.gpus, g6.gpu_memory_gib, g6.vcpus, g6.memory_gib, g6.network_gbps) == (4, 24, 48, 192, 40)
+    assert catalog.GPU_TYPES["p5.48xlarge"].efa_interfaces == 32
+
+
+def test_non_efa_types_are_not_supported():
+    assert not catalog.NON_EFA_GPU_TYPES & set(catalog.GPU_TYPES)

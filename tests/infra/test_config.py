@@ -1,0 +1,137 @@
+"""Stack configuration: defaults, parsing of both value forms, and every bad input named."""
+from __future__ import annotations
+
+import pytest
+
+from infra import catalog
+from infra.config import DEFAULT_DLC_IMAGE, ConfigError, load
+
+GOOD = {"aws:region": "us-east-1", "raytrain-eks:apiAccessCidrs": ["203.0.113.10/32"]}
+
+
+def problems_for(**overrides) -> list[str]:
+    raw = dict(GOOD)
+    for key, value in overrides.items():
+        full = key if ":" in key else f"raytrain-eks:{key}"
+        if value is None:
+            raw.pop(full, None)
+        else:
+            raw[full] = value
+    with pytest.raises(ConfigError) as info:
+        load(raw, stack="dev")
+    return info.value.problems
+
+
+def test_defaults_match_the_reference_deployment():
+    cfg = load(GOOD, stack="dev")
+    assert cfg.cluster_name == "raytrain-eks-dev"
+    assert (cfg.gpu_node_type, cfg.gpu_node_count) == ("g6.12xlarge", 2)
+    assert (cfg.system_node_type, cfg.system_node_count) == ("m7i.xlarge", 1)
+    assert cfg.capacity_type == "ON_DEMAND" and cfg.capacity_reservation_id is None
+    assert cfg.placement_group is True
+    assert cfg.ray_version == "2.58.0" and cfg.kuberay_version == "1.7.0"
+    assert cfg.dlc_image == DEFAULT_DLC_IMAGE and not cfg.image_is_digest
+    assert cfg.retain_checkpoints_on_destroy is True and cfg.checkpoint_bucket is None
+    assert cfg.availability_zone is None and cfg.admin_role_arns == ()
+    assert cfg.api_access_cidrs == ("203.0.113.10/32",)
+    assert cfg.gpu.gpus == 4 and cfg.gpu.efa_interfaces == 1
+
+
+def test_config_is_immutable():
+    cfg = load(GOOD, stack="dev")
+    with pytest.raises(Exception):
+        cfg.gpu_node_count = 8  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        cfg.tags["x"] = "y"  # type: ignore[index]
+
+
+def test_engine_strings_and_yaml_values_parse_the_same():
+    native = load({**GOOD, "raytrain-eks:gpuNodeCount": 4, "raytrain-eks:placementGroup": False,
+                   "raytrain-eks:tags": {"team": "ml"}}, stack="dev")
+    strings = load({"aws:region": "us-east-1", "raytrain-eks:apiAccessCidrs": '["203.0.113.10/32"]',
+                    "raytrain-eks:gpuNodeCount": "4", "raytrain-eks:placementGroup": "false",
+                    "raytrain-eks:tags": '{"team": "ml"}'}, stack="dev")
+    assert native == strings
+    assert strings.gpu_node_count == 4 and strings.placement_group is False and dict(strings.tags) == {"team": "ml"}
+
+
+def test_a_capacity_reservation_turns_the_default_placement_group_off():
+    cfg = load({**GOOD, "raytrain-eks:capacityReservationId": "cr-0123456789abcdef0"}, stack="dev")
+    assert cfg.placement_group is False
+
+
+def test_digest_image_is_used_as_is():
+    image = "public.ecr.aws/deep-learning-containers/ray@sha256:" + "ab" * 32
+    cfg = load({**GOOD, "raytrain-eks:dlcImage": image}, stack="dev")
+    assert cfg.dlc_image == image and cfg.image_is_digest
+
+
+BAD = [
+    # (overrides, key named in the message, words the message must contain)
+    ({"aws:region": None}, "aws:region", "not set"),
+    ({"aws:region": "mars-1"}, "aws:region", "not an AWS region"),
+    ({"apiAccessCidrs": None}, "apiAccessCidrs", "0.0.0.0/0"),
+    ({"apiAccessCidrs": ["0.0.0.0/0"]}, "apiAccessCidrs", "whole internet"),
+    ({"apiAccessCidrs": ["10.0.0.300/32"]}, "apiAccessCidrs", "not a CIDR"),
+    ({"apiAccessCidrs": []}, "apiAccessCidrs", "empty"),
+    ({"gpuNodeType": "g5.12xlarge"}, "gpuNodeType", "no EFA"),
+    ({"gpuNodeType": "x9.huge"}, "gpuNodeType", "not in the instance catalog"),
+    ({"gpuNodeCount": 0}, "gpuNodeCount", "out of range"),
+    ({"gpuNodeCount": "two"}, "gpuNodeCount", "not a whole number"),
+    ({"systemNodeType": "t2.nano"}, "systemNodeType", "not in the instance catalog"),
+    ({"systemNodeCount": 0}, "systemNodeCount", "out of range"),
+    ({"capacityType": "RESERVED"}, "capacityType", "ON_DEMAND, SPOT"),
+    ({"capacityReservationId": "cr-123"}, "capacityReservationId", "capacity reservation id"),
+    ({"capacityReservationId": "cr-0123456789abcdef0", "capacityType": "SPOT"}, "capacityReservationId", "ON_DEMAND"),
+    ({"capacityReservationId": "cr-0123456789abcdef0", "placementGroup": True}, "placementGroup", "InsufficientInstanceCapacity"),
+    ({"placementGroup": "maybe"}, "placementGroup", "true or false"),
+    ({"availabilityZone": "eu-west-1a"}, "availabilityZone", "not in region us-east-1"),
+    ({"availabilityZone": "useast1"}, "availabilityZone", "availability zone name"),
+    ({"kubernetesVersion": "1.20"}, "kubernetesVersion", "1.34, 1.35, 1.36"),
+    ({"clusterName": "bad name!"}, "clusterName", "valid EKS cluster name"),
+    ({"adminRoleArns": ["admin"]}, "adminRoleArns", "not an IAM role"),
+    ({"dlcImage": "ray:latest"}, "dlcImage", "registry/repository"),
+    ({"dlcImage": "public.ecr.aws/x/ray@sha256:1234"}, "dlcImage", "registry/repository@sha256"),
+    ({"rayVersion": "2.40.0"}, "rayVersion", "token authentication"),
+    ({"rayVersion": "latest"}, "rayVersion", "not a version"),
+    ({"kuberayVersion": "one"}, "kuberayVersion", "not a version"),
+    ({"checkpointBucket": "Bad_Bucket"}, "checkpointBucket", "S3 bucket name"),
+    ({"retainCheckpointsOnDestroy": "sometimes"}, "retainCheckpointsOnDestroy", "true or false"),
+    ({"tags": {"aws:owner": "me"}}, "tags", "reserved prefix"),
+    ({"tags": "not-a-map"}, "tags", "not a dict"),
+    ({"ncclDebug": "LOUD"}, "ncclDebug", "INFO"),
+    ({"gpuNodeTyp": "g6.12xlarge"}, "gpuNodeTyp", "did you mean raytrain-eks:gpuNodeType"),
+]
+
+
+@pytest.mark.parametrize("overrides,key,words", BAD, ids=[f"{b[1]}-{i}" for i, b in enumerate(BAD)])
+def test_bad_configuration_names_the_key_and_the_fix(overrides, key, words):
+    problems = problems_for(**overrides)
+    matching = [p for p in problems if p.startswith(key if ":" in key else f"raytrain-eks:{key}")]
+    assert matching, problems
+    assert any(words in p for p in matching), matching
+
+
+def test_at_least_fifteen_distinct_keys_are_covered_by_bad_cases():
+    assert len({key for _, key, _ in BAD}) >= 15
+
+
+def test_all_problems_are_reported_together():
+    problems = problems_for(gpuNodeCount=0, capacityType="X", tags={"aws:x": "y"}, gpuNodeTyp="z",
+                            **{"aws:region": None})
+    keys = {p.split(":")[0] + ":" + p.split(":")[1] for p in problems}
+    assert {"raytrain-eks:gpuNodeCount", "raytrain-eks:capacityType", "raytrain-eks:tags",
+            "raytrain-eks:gpuNodeTyp", "aws:region"} <= keys
+    message = str(ConfigError(problems))
+    assert f"{len(problems)} problem(s)" in message
+
+
+def test_unknown_gpu_type_lists_the_supported_ones():
+    (problem,) = problems_for(gpuNodeType="g5.12xlarge")
+    for name in catalog.GPU_TYPES:
+        assert name in problem
+
+
+def test_keys_of_other_namespaces_are_not_ours_to_judge():
+    cfg = load({**GOOD, "aws:profile": "dev", "kubernetes:context": "x"}, stack="dev")
+    assert cfg.region == "us-east-1"

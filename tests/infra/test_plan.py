@@ -1,0 +1,62 @@
+"""The offline plan command and the Pulumi program's own environment."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from infra import plan
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_plan_command_prints_resources_cost_and_writes_files(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "infra.plan", "--stack", "dev", "--out", str(tmp_path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "placeholders" in proc.stdout and "pulumi preview" in proc.stdout
+    assert "aws:eks.NodeGroup" in proc.stdout and "gpu-ng" in proc.stdout
+    assert "total" in proc.stdout and "$    9.55" in proc.stdout
+    data = json.loads((tmp_path / "resources.json").read_text())
+    types = {r["type"] for r in data["resources"]}
+    assert {"aws:eks/cluster:Cluster", "aws:eks/nodeGroup:NodeGroup", "aws:ec2/launchTemplate:LaunchTemplate"} <= types
+    assert data["outputs"]["kubeconfig"] == "[secret]"
+    assert "placeholders" in data["notice"]
+
+
+def test_invalid_stack_exits_2_with_only_the_errors(tmp_path, monkeypatch, capsys):
+    (tmp_path / "Pulumi.bad.yaml").write_text(yaml.safe_dump({"config": {
+        "aws:region": "us-east-1", "raytrain-eks:gpuNodeCount": 0, "raytrain-eks:gpuNodeTyp": "x"}}))
+    monkeypatch.setattr(plan, "REPO_ROOT", tmp_path)
+    assert plan.main(["--stack", "bad", "--out", str(tmp_path / "out")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "raytrain-eks:gpuNodeCount" in captured.err and "did you mean raytrain-eks:gpuNodeType" in captured.err
+    assert "raytrain-eks:apiAccessCidrs" in captured.err
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_stack_names_the_known_ones(capsys):
+    assert plan.main(["--stack", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "Pulumi.nope.yaml not found" in err and "dev" in err
+
+
+def test_secure_values_are_not_read_as_plain_text(tmp_path):
+    (tmp_path / "Pulumi.s.yaml").write_text(yaml.safe_dump({"config": {"raytrain-eks:x": {"secure": "AAAA"}}}))
+    assert plan.read_stack_file("s", tmp_path) == {"raytrain-eks:x": "[secret]"}
+
+
+def test_pulumi_program_does_not_need_torch():
+    code = ("import sys, infra.program, infra.plan, infra.offline; "
+            "from infra import offline; offline.run({'aws:region': 'us-east-1', "
+            "'raytrain-eks:apiAccessCidrs': ['203.0.113.10/32']}); "
+            "bad = [m for m in ('torch', 'ray', 'transformers') if m in sys.modules]; "
+            "assert not bad, bad")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    requirements = [line for line in (REPO / "requirements.txt").read_text().splitlines() if not line.startswith("#")]
+    assert not [line for line in requirements if line.startswith(("torch", "ray", "transformers"))]
