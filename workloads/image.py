@@ -1,0 +1,278 @@
+"""Pin the DLC image to a digest, once, and keep the pin in the stack's state.
+
+A tag such as ray:train-ml-cuda-v1.1 can be moved to a new build at any time; a pod
+spec that names the tag would then run different code after a node restart. The tag
+is resolved through the registry's HTTP API (OCI distribution spec: anonymous bearer
+token, HEAD of the manifest, Docker-Content-Digest header) by a Pulumi dynamic
+resource. Its digest lives in the stack's state, so later `pulumi up` runs reuse it
+and only a change of the configured tag resolves again.
+
+Standard library only: the dynamic provider runs in Pulumi's plugin process with
+nothing but the project's virtualenv and the project root on its path.
+"""
+from __future__ import annotations
+
+import json
+import re
+import socket
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+
+import pulumi
+import pulumi.dynamic as dynamic
+from pulumi.runtime.rpc import UNKNOWN
+
+CONFIG_KEY = "raytrain-eks:dlcImage"
+DEFAULT_TIMEOUT_S = 20.0
+
+# Multi-arch indexes first: the digest we pin is that of what the registry returns for
+# these, so a pod resolves it to its own platform exactly as a tag pull would.
+MANIFEST_MEDIA_TYPES = (
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+)
+
+# What the offline plan (Pulumi mocks) puts where `pulumi up` puts the real digest.
+# Valid in form so manifests validate, obviously not a real build.
+PLACEHOLDER_DIGEST = "sha256:" + "deadbeef" * 8
+
+USE_DIGEST = (f"set {CONFIG_KEY} to the digest reference registry/repository@sha256:<64 hex> "
+              "(`crane digest IMAGE` or `docker buildx imagetools inspect IMAGE` on a machine that can reach "
+              "the registry) to skip the lookup")
+CHECK_TAG = f"check the repository and tag (`crane ls REPOSITORY` lists the tags), or {USE_DIGEST}"
+
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+_HOST = re.compile(r"^[A-Za-z0-9.-]+(:[0-9]+)?$")
+_REPOSITORY = re.compile(r"^[a-z0-9]+([._-]+[a-z0-9]+)*(/[a-z0-9]+([._-]+[a-z0-9]+)*)*$")
+_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+_LOCAL_HOSTS = ("localhost", "127.0.0.1")
+
+
+class ImageResolutionError(RuntimeError):
+    """The tag could not be pinned; the message names the image and what to do."""
+
+
+@dataclass(frozen=True)
+class ImageReference:
+    registry: str
+    repository: str
+    tag: str | None = None
+    digest: str | None = None
+
+    @property
+    def api_base(self) -> str:
+        """Registries on this machine speak plain HTTP (as Docker assumes); all others HTTPS."""
+        scheme = "http" if self.registry.split(":")[0] in _LOCAL_HOSTS else "https"
+        api_host = "registry-1.docker.io" if self.registry == "docker.io" else self.registry
+        return f"{scheme}://{api_host}"
+
+    def pinned(self, digest: str) -> str:
+        return f"{self.registry}/{self.repository}@{digest}"
+
+    def __str__(self) -> str:
+        if self.digest:
+            return self.pinned(self.digest)
+        return f"{self.registry}/{self.repository}:{self.tag}"
+
+
+def parse(image: str) -> ImageReference:
+    """registry/repository:tag or registry/repository@sha256:<64 hex>; the registry is never implied."""
+    text = str(image).strip()
+    fix = ("write it as registry/repository:tag or registry/repository@sha256:<64 hex>, "
+           "e.g. public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1")
+    name, _, digest = text.partition("@")
+    digest = digest or None
+    if "/" not in name:
+        raise ImageResolutionError(f"{CONFIG_KEY}: {text!r} names no registry; {fix}")
+    registry, rest = name.split("/", 1)
+    if not _HOST.match(registry) or ("." not in registry and ":" not in registry and registry != "localhost"):
+        raise ImageResolutionError(f"{CONFIG_KEY}: {text!r} does not start with a registry host; {fix}")
+    tag = None
+    if digest is None:
+        repository, sep, tag = rest.rpartition(":")
+        if not sep or "/" in tag:
+            raise ImageResolutionError(f"{CONFIG_KEY}: {text!r} has neither a tag nor a digest; {fix}")
+        if not _TAG.match(tag):
+            raise ImageResolutionError(f"{CONFIG_KEY}: {tag!r} in {text!r} is not a valid tag; {fix}")
+    else:
+        repository = rest
+        if not _DIGEST.match(digest):
+            raise ImageResolutionError(f"{CONFIG_KEY}: {digest!r} in {text!r} is not sha256:<64 lowercase hex>; {fix}")
+    if not _REPOSITORY.match(repository):
+        raise ImageResolutionError(f"{CONFIG_KEY}: {repository!r} in {text!r} is not a valid repository name; {fix}")
+    return ImageReference(registry, repository, tag, digest)
+
+
+def is_pinned(image: str) -> bool:
+    return bool(re.search(r"@sha256:[0-9a-f]{64}$", str(image)))
+
+
+def is_placeholder(image: str) -> bool:
+    """True for references produced offline, under Pulumi mocks, not by a registry."""
+    return str(image).endswith("@" + PLACEHOLDER_DIGEST)
+
+
+def _challenge(header: str | None) -> dict[str, str]:
+    """The parameters of a `WWW-Authenticate: Bearer realm=...,service=...,scope=...` header."""
+    if not header or not header.strip().lower().startswith("bearer "):
+        return {}
+    return {k.lower(): v for k, v in re.findall(r'([A-Za-z]+)="([^"]*)"', header)}
+
+
+def _open(request: urllib.request.Request, timeout: float):
+    """Status and headers of a request; HTTP errors are answers here, not exceptions."""
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.headers, response.read() if request.get_method() != "HEAD" else b""
+    except urllib.error.HTTPError as err:
+        with err:
+            return err.code, err.headers, b""
+
+
+def _request(ref: ImageReference, method: str, url: str, headers: dict[str, str], timeout: float, what: str):
+    try:
+        return _open(urllib.request.Request(url, headers=headers, method=method), timeout)
+    except (TimeoutError, socket.timeout, urllib.error.URLError) as err:
+        reason = getattr(err, "reason", err)
+        if isinstance(reason, (TimeoutError, socket.timeout)):
+            raise ImageResolutionError(
+                f"{CONFIG_KEY}: no answer from {ref.registry} within {timeout:g} s while {what} for {ref}; "
+                f"retry when the registry is reachable from this machine, or {USE_DIGEST}") from None
+        raise ImageResolutionError(
+            f"{CONFIG_KEY}: cannot reach {ref.registry} while {what} for {ref} ({reason}); "
+            f"check the registry name and this machine's network, or {USE_DIGEST}") from None
+
+
+def _anonymous_token(ref: ImageReference, challenge: dict[str, str], timeout: float) -> str:
+    """A pull token for the repository; the scope is ours, since some registries (public ECR) challenge with another."""
+    image = str(ref)
+    realm = challenge.get("realm")
+    if not realm:
+        raise ImageResolutionError(
+            f"{CONFIG_KEY}: {ref.registry} asks for credentials without a bearer token service, so {image} cannot be "
+            f"resolved anonymously; {CHECK_TAG}")
+    query = {"scope": f"repository:{ref.repository}:pull"}
+    if challenge.get("service"):
+        query["service"] = challenge["service"]
+    url = realm + ("&" if "?" in realm else "?") + urllib.parse.urlencode(query)
+    status, _, body = _request(ref, "GET", url, {"Accept": "application/json"}, timeout,
+                              "fetching an anonymous pull token")
+    if status != 200:
+        raise ImageResolutionError(
+            f"{CONFIG_KEY}: the token service {realm} refused an anonymous pull token for {image} (HTTP {status}); "
+            f"the repository may be private or misspelled; {CHECK_TAG}")
+    try:
+        answer = json.loads(body)
+        return answer.get("token") or answer["access_token"]
+    except (ValueError, KeyError, AttributeError, TypeError):
+        raise ImageResolutionError(
+            f"{CONFIG_KEY}: the token service {realm} answered without a token for {image}; {CHECK_TAG}") from None
+
+
+def resolve_digest(image: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> str:
+    """The sha256 digest the registry serves today for a tag (a digest reference is returned as is)."""
+    ref = parse(image)
+    if ref.digest:
+        return ref.digest
+    url = f"{ref.api_base}/v2/{ref.repository}/manifests/{urllib.parse.quote(ref.tag, safe='')}"
+    headers = {"Accept": ", ".join(MANIFEST_MEDIA_TYPES)}
+    what = "reading the manifest"
+    status, answer, _ = _request(ref, "HEAD", url, headers, timeout, what)
+    if status == 401:
+        token = _anonymous_token(ref, _challenge(answer.get("WWW-Authenticate")), timeout)
+        status, answer, _ = _request(ref, "HEAD", url, {**headers, "Authorization": f"Bearer {token}"}, timeout, what)
+    if status in (401, 403):
+        raise ImageResolutionError(
+            f"{CONFIG_KEY}: {ref.registry} refused an anonymous pull of {image} (HTTP {status}); the repository is "
+            f"private or does not exist; {CHECK_TAG}")
+    if status == 404:
+        raise ImageResolutionError(
+            f"{CONFIG_KEY}: {image} does not exist (HTTP 404 for tag {ref.tag!r} in {ref.registry}/{ref.repository}); "
+            f"{CHECK_TAG}")
+    if status != 200:
+        raise ImageResolutionError(
+            f"{CONFIG_KEY}: {ref.registry} answered HTTP {status} for {image}; retry later, or "
+            f"{USE_DIGEST}")
+    digest = (answer.get("Docker-Content-Digest") or "").strip()
+    if not digest:
+        raise ImageResolutionError(
+            f"{CONFIG_KEY}: {ref.registry} answered for {image} without a Docker-Content-Digest header, so the tag "
+            f"cannot be pinned by this resolver; {USE_DIGEST}")
+    if not _DIGEST.match(digest):
+        raise ImageResolutionError(
+            f"{CONFIG_KEY}: {ref.registry} gave {digest!r} as the digest of {image}, not sha256:<64 hex>; "
+            f"{USE_DIGEST}")
+    return digest
+
+
+def _pin(image: str, digest: str) -> dict[str, str]:
+    return {"image": image, "digest": digest, "reference": parse(image).pinned(digest)}
+
+
+class ImageDigestProvider(dynamic.ResourceProvider):
+    """Resolves in check, so `pulumi preview` already shows (or refuses) the digest; never again for the same tag."""
+
+    serialize_as_secret_always = False  # holds only a timeout: keep the state readable
+
+    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S):
+        super().__init__()
+        self.timeout_s = timeout_s
+
+    def check(self, olds, news):
+        image = news.get("image")
+        if image == UNKNOWN:
+            return dynamic.CheckResult(news, [])
+        if olds.get("image") == image and _DIGEST.match(str(olds.get("digest") or "")):
+            return dynamic.CheckResult({**news, "digest": olds["digest"]}, [])
+        try:
+            return dynamic.CheckResult({**news, "digest": resolve_digest(image, timeout=self.timeout_s)}, [])
+        except ImageResolutionError as err:
+            return dynamic.CheckResult(news, [dynamic.CheckFailure("image", str(err))])
+
+    def diff(self, _id, olds, news):
+        changed = olds.get("image") != news.get("image")
+        return dynamic.DiffResult(changes=changed, replaces=["image"] if changed else [],
+                                  delete_before_replace=False)
+
+    def create(self, props):
+        digest = props.get("digest")
+        if not (isinstance(digest, str) and _DIGEST.match(digest)):
+            digest = resolve_digest(props["image"], timeout=self.timeout_s)
+        outs = _pin(props["image"], digest)
+        return dynamic.CreateResult(id_=outs["reference"], outs=outs)
+
+    def read(self, id_, props):
+        """Refresh keeps the pin: a moved tag is not drift, it is exactly what the pin protects against."""
+        return dynamic.ReadResult(id_, dict(props))
+
+
+class PinnedImage(dynamic.Resource, module="raytrain", name="PinnedImage"):
+    """A tag resolved once to registry/repository@sha256:...; the `reference` output is what pods use."""
+
+    image: pulumi.Output[str]
+    digest: pulumi.Output[str]
+    reference: pulumi.Output[str]
+
+    def __init__(self, name: str, image: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 opts: pulumi.ResourceOptions | None = None):
+        parse(image)
+        super().__init__(ImageDigestProvider(timeout_s), name,
+                         {"image": image, "digest": None, "reference": None}, opts)
+
+
+def pin(image: str, *, name: str = "dlc-image", opts: pulumi.ResourceOptions | None = None
+        ) -> tuple[pulumi.Output[str], list[pulumi.Resource]]:
+    """The digest reference for `image` and the resources that produce it (none for a digest)."""
+    if parse(image).digest:
+        return pulumi.Output.from_input(image), []
+    pinned = PinnedImage(name, image, opts=opts)
+    return pinned.reference, [pinned]
+
+
+def placeholder_outputs(inputs: dict) -> dict:
+    """What the offline plan's mocks answer for a PinnedImage: the placeholder digest, flagged as such."""
+    return {**_pin(inputs["image"], PLACEHOLDER_DIGEST), "placeholder": True}
