@@ -27,6 +27,7 @@ PROJECT = "raytrain-eks"
 SUPPORTED_KUBERNETES_VERSIONS = ("1.34", "1.35", "1.36")
 DEFAULT_DLC_IMAGE = "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1"
 MIN_RAY_VERSION = (2, 52, 0)
+MIN_KUBERAY_VERSION = (1, 5, 1)  # RayCluster spec.authOptions; older CRDs drop the field and leave Ray unauthenticated
 NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
 
 _DIGEST_IMAGE = re.compile(r"^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+@sha256:[0-9a-f]{64}$")
@@ -252,7 +253,8 @@ def _tags(key, value, problems):
     return MappingProxyType({str(k): str(v) for k, v in mapping.items()})
 
 
-def _version(minimum: tuple[int, int, int] | None = None):
+def _version(minimum: tuple[int, int, int] | None = None,
+             why: str = "the first version with token authentication; use the version of the DLC image (2.58.0)"):
     def parse(key, value, problems):
         text = _as_str(key, value, problems)
         if text is None:
@@ -263,8 +265,7 @@ def _version(minimum: tuple[int, int, int] | None = None):
             return None
         if minimum and tuple(int(g) for g in match.groups()) < minimum:
             problems.append(
-                f"{key}: {text} is older than {'.'.join(map(str, minimum))}, the first version with "
-                "token authentication; use the version of the DLC image (2.58.0)")
+                f"{key}: {text} is older than {'.'.join(map(str, minimum))}, {why}")
             return None
         return text
     return parse
@@ -300,7 +301,9 @@ KEYS: dict[str, _Key] = {k.name: k for k in (
     _Key("adminRoleArns", (), _role_arns, "extra IAM principals with cluster-admin access entries"),
     _Key("dlcImage", DEFAULT_DLC_IMAGE, _image, "Ray Train DLC image, by digest or by tag (resolved to a digest)"),
     _Key("rayVersion", "2.58.0", _version(MIN_RAY_VERSION), "Ray version of the image"),
-    _Key("kuberayVersion", "1.7.0", _version(), "KubeRay operator chart version"),
+    _Key("kuberayVersion", "1.7.0", _version(
+        MIN_KUBERAY_VERSION, "the first KubeRay release whose RayCluster has authOptions (Ray token authentication); "
+        "use 1.7.0"), "KubeRay operator chart version"),
     _Key("nvidiaDevicePluginVersion", "0.20.0", _version(), "NVIDIA k8s-device-plugin chart version"),
     _Key("efaDevicePluginVersion", "v0.5.32", _version(), "aws-efa-k8s-device-plugin chart version"),
     _Key("ncclDebug", "INFO", _one_of(NCCL_DEBUG_LEVELS), "NCCL_DEBUG on the GPU workers"),
