@@ -1,0 +1,58 @@
+"""The three Helm releases, as data: chart, pinned version, repository, namespace and values.
+
+Device plugins run only on GPU nodes (their labels) and tolerate the GPU taint; the
+KubeRay operator runs on the system node. Versions come from the stack configuration,
+so an upgrade is a reviewed configuration change, never a floating `latest`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from infra import nodes
+from infra.config import StackConfig
+
+NVIDIA_REPOSITORY = "https://nvidia.github.io/k8s-device-plugin"
+EKS_CHARTS_REPOSITORY = "https://aws.github.io/eks-charts"
+KUBERAY_REPOSITORY = "https://ray-project.github.io/kuberay-helm/"
+
+DEVICE_PLUGIN_NAMESPACE = "kube-system"
+OPERATOR_NAMESPACE = "kuberay-system"
+
+
+@dataclass(frozen=True)
+class ChartRelease:
+    release: str
+    chart: str
+    version: str
+    repository: str
+    namespace: str
+    runs_on: str  # "gpu" or "system": which node group its pods land on
+    values: dict[str, Any] = field(default_factory=dict)
+
+
+def _on_gpu_nodes() -> dict[str, Any]:
+    return {"nodeSelector": dict(nodes.GPU_LABELS), "tolerations": [dict(nodes.GPU_TOLERATION)]}
+
+
+def nvidia_device_plugin(cfg: StackConfig) -> ChartRelease:
+    """Advertises nvidia.com/gpu; its default affinity (nvidia.com/gpu.present=true) matches the GPU node labels."""
+    return ChartRelease("nvidia-device-plugin", "nvidia-device-plugin", cfg.nvidia_device_plugin_version,
+                        NVIDIA_REPOSITORY, DEVICE_PLUGIN_NAMESPACE, "gpu", _on_gpu_nodes())
+
+
+def efa_device_plugin(cfg: StackConfig) -> ChartRelease:
+    """Advertises vpc.amazonaws.com/efa; the chart's own toleration is only CriticalAddonsOnly."""
+    return ChartRelease("aws-efa-k8s-device-plugin", "aws-efa-k8s-device-plugin", cfg.efa_device_plugin_version,
+                        EKS_CHARTS_REPOSITORY, DEVICE_PLUGIN_NAMESPACE, "gpu", _on_gpu_nodes())
+
+
+def kuberay_operator(cfg: StackConfig) -> ChartRelease:
+    """Watches every namespace; its metrics Service stays ClusterIP."""
+    return ChartRelease("kuberay-operator", "kuberay-operator", cfg.kuberay_version, KUBERAY_REPOSITORY,
+                        OPERATOR_NAMESPACE, "system",
+                        {"nodeSelector": dict(nodes.SYSTEM_LABELS), "service": {"type": "ClusterIP"}})
+
+
+def releases(cfg: StackConfig) -> list[ChartRelease]:
+    return [nvidia_device_plugin(cfg), efa_device_plugin(cfg), kuberay_operator(cfg)]

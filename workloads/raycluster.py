@@ -1,0 +1,173 @@
+"""The RayCluster manifest: a pure function of the stack configuration and the instance catalog.
+
+One head on the system node (no GPUs, no training work) and one worker pod per GPU
+node that claims the whole node: every GPU, every EFA device, the EFA huge pages and
+the CPU and memory left after a reserve for the kubelet and node daemons. Moving to
+another GPU family changes the catalog row, not this code.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from infra import nodes
+from infra.catalog import CpuInstanceType, GpuInstanceType
+from infra.config import StackConfig
+
+API_VERSION = "ray.io/v1"
+KIND = "RayCluster"
+WORKER_GROUP = "gpu-workers"
+HEAD_CONTAINER = "ray-head"
+WORKER_CONTAINER = "ray-worker"
+CHECKPOINT_ENV = "CHECKPOINT_URI"
+RAY_TMP = "/tmp/ray"  # session logs live here; the EFA check greps them
+HEAD_PORTS = {"gcs-server": 6379, "dashboard": 8265, "client": 10001}
+
+GPU_RESOURCE = "nvidia.com/gpu"
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+HUGEPAGES_RESOURCE = "hugepages-2Mi"
+
+# The EFA driver pre-allocates 5128 x 2 MiB huge pages at boot; the kubelet does not count
+# them as allocatable memory.
+EFA_PREALLOCATED_HUGEPAGES_GIB = math.ceil(5128 * 2 / 1024)
+# Left on a GPU node for the OS, kubelet, eviction threshold and the daemon sets (VPC CNI,
+# kube-proxy, both device plugins): 10 %, at least 2 cores and 8 GiB.
+GPU_NODE_RESERVE_FRACTION = 0.1
+GPU_NODE_RESERVE_MIN_CPU = 2
+GPU_NODE_RESERVE_MIN_MEMORY_GIB = 8
+
+_PINNED = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
+
+
+class ManifestError(ValueError):
+    """The inputs cannot make a valid RayCluster."""
+
+
+@dataclass(frozen=True)
+class PodSize:
+    cpu: int
+    memory_gib: int
+
+    def quantities(self) -> dict[str, str]:
+        return {"cpu": str(self.cpu), "memory": f"{self.memory_gib}Gi"}
+
+
+def head_size(system: CpuInstanceType) -> PodSize:
+    """Half the system node: the other half is for the kubelet, CoreDNS, the KubeRay operator and node daemons."""
+    return PodSize(cpu=max(1, system.vcpus // 2), memory_gib=max(2, system.memory_gib // 2))
+
+
+def worker_size(gpu: GpuInstanceType) -> PodSize:
+    """The GPU node minus the reserve and, on EFA nodes, the pre-allocated huge pages."""
+    cpu_reserve = max(GPU_NODE_RESERVE_MIN_CPU, math.ceil(gpu.vcpus * GPU_NODE_RESERVE_FRACTION))
+    memory_reserve = max(GPU_NODE_RESERVE_MIN_MEMORY_GIB, math.ceil(gpu.memory_gib * GPU_NODE_RESERVE_FRACTION))
+    hugepages = EFA_PREALLOCATED_HUGEPAGES_GIB if gpu.efa else 0
+    return PodSize(cpu=gpu.vcpus - cpu_reserve, memory_gib=gpu.memory_gib - memory_reserve - hugepages)
+
+
+def worker_resources(gpu: GpuInstanceType) -> dict[str, str]:
+    """Requests equal limits: extended resources and huge pages require it, and it gives Guaranteed QoS."""
+    resources = {**worker_size(gpu).quantities(), GPU_RESOURCE: str(gpu.gpus)}
+    if gpu.efa:
+        resources[EFA_RESOURCE] = str(gpu.efa_interfaces)
+    if gpu.hugepages_2mi:
+        resources[HUGEPAGES_RESOURCE] = gpu.hugepages_2mi
+    return resources
+
+
+def worker_env(cfg: StackConfig, checkpoint_uri: str) -> list[dict[str, str]]:
+    """NCCL over libfabric/EFA; without NVLink, intra-node traffic is faster through cudaMemcpy into shared memory."""
+    env = {
+        "FI_PROVIDER": "efa",
+        "NCCL_NET_PLUGIN": "ofi",
+        "NCCL_SOCKET_IFNAME": "eth0",
+        "NCCL_DEBUG": cfg.nccl_debug,
+        CHECKPOINT_ENV: checkpoint_uri,
+    }
+    if not cfg.gpu.nvlink:
+        env["NCCL_SHM_USE_CUDA_MEMCPY"] = "1"
+    return [{"name": k, "value": v} for k, v in env.items()]
+
+
+def _stop_ray() -> dict:
+    return {"preStop": {"exec": {"command": ["/bin/sh", "-c", "ray stop"]}}}
+
+
+def _container(name: str, image: str, env: list[dict], resources: dict[str, str], **extra) -> dict:
+    return {
+        "name": name,
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "env": env,
+        "resources": {"requests": dict(resources), "limits": dict(resources)},
+        "lifecycle": _stop_ray(),
+        "volumeMounts": [{"name": "ray-tmp", "mountPath": RAY_TMP}],
+        "securityContext": {"allowPrivilegeEscalation": False, "privileged": False},
+        **extra,
+    }
+
+
+def _pod(cfg: StackConfig, container: dict, node_selector: dict, tolerations: list[dict]) -> dict:
+    spec = {
+        "serviceAccountName": cfg.ray_service_account,
+        "nodeSelector": dict(node_selector),
+        "containers": [container],
+        "volumes": [{"name": "ray-tmp", "emptyDir": {}}],
+    }
+    if tolerations:
+        spec["tolerations"] = [dict(t) for t in tolerations]
+    return {"metadata": {"labels": {"app.kubernetes.io/part-of": cfg.project}}, "spec": spec}
+
+
+def metadata(cfg: StackConfig) -> dict:
+    return {
+        "name": cfg.ray_cluster_name,
+        "namespace": cfg.ray_namespace,
+        "labels": {"app.kubernetes.io/part-of": cfg.project},
+    }
+
+
+def spec(cfg: StackConfig, *, image: str, checkpoint_uri: str) -> dict:
+    """The RayCluster spec; `image` must already be pinned by digest."""
+    if not _PINNED.match(str(image)):
+        raise ManifestError(
+            f"raytrain-eks:dlcImage: the RayCluster needs an image pinned by digest "
+            f"(registry/repository@sha256:<64 hex>), got {image!r}; pin tags with workloads.image.pin first")
+    if not str(checkpoint_uri).startswith("s3://"):
+        raise ManifestError(
+            f"checkpoint URI {checkpoint_uri!r} is not s3://...: Ray Train on several nodes needs shared storage")
+
+    head = _container(
+        HEAD_CONTAINER, image,
+        env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}, {"name": CHECKPOINT_ENV, "value": checkpoint_uri}],
+        resources=head_size(cfg.system).quantities(),
+        ports=[{"name": name, "containerPort": port} for name, port in HEAD_PORTS.items()],
+    )
+    worker = _container(WORKER_CONTAINER, image, env=worker_env(cfg, checkpoint_uri),
+                        resources=worker_resources(cfg.gpu))
+    return {
+        "rayVersion": cfg.ray_version,
+        "authOptions": {"mode": "token"},
+        "enableInTreeAutoscaling": False,
+        "headGroupSpec": {
+            "serviceType": "ClusterIP",
+            "rayStartParams": {"num-gpus": "0", "dashboard-host": "0.0.0.0"},
+            "template": _pod(cfg, head, nodes.SYSTEM_LABELS, []),
+        },
+        "workerGroupSpecs": [{
+            "groupName": WORKER_GROUP,
+            "replicas": cfg.gpu_node_count,
+            "minReplicas": cfg.gpu_node_count,
+            "maxReplicas": cfg.gpu_node_count,
+            "numOfHosts": 1,
+            "rayStartParams": {"num-gpus": str(cfg.gpu.gpus)},
+            "template": _pod(cfg, worker, nodes.GPU_LABELS, [nodes.GPU_TOLERATION]),
+        }],
+    }
+
+
+def manifest(cfg: StackConfig, *, image: str, checkpoint_uri: str) -> dict:
+    """The whole ray.io/v1 RayCluster object for this stack."""
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata(cfg),
+            "spec": spec(cfg, image=image, checkpoint_uri=checkpoint_uri)}
