@@ -69,6 +69,10 @@ class RecordingMocks(pulumi.runtime.Mocks):
             outputs.setdefault("name", f"{args.name}-placeholder")
         elif args.typ == "aws:eks/nodeGroup:NodeGroup":
             outputs.setdefault("nodeGroupName", args.name)
+        elif args.typ.startswith("pulumi-python:dynamic") and "image" in args.inputs:
+            from workloads.image import placeholder_outputs  # the DLC pin: a placeholder digest, flagged
+
+            outputs.update(placeholder_outputs(args.inputs))
         elif args.typ == "aws:iam/role:Role":
             outputs["arn"] = f"arn:aws:iam::{ACCOUNT}:role/{args.name}"
             outputs.setdefault("name", args.name)

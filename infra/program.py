@@ -11,6 +11,8 @@ from infra.cost import hourly_cost
 from infra.network import Network, choose_azs
 from infra.node_groups import GpuNodeGroup, SystemNodeGroup
 from infra.storage import CheckpointStore
+from workloads import image as dlc_image
+from workloads.stack import RayWorkloads
 
 
 class PlacementError(ValueError):
@@ -42,7 +44,11 @@ def offered_zones(instance_type: str, opts: pulumi.InvokeOptions) -> list[str]:
 
 def main() -> dict[str, pulumi.Output]:
     cfg = stack_config.from_pulumi()
-    provider = aws.Provider("aws", region=cfg.region, default_tags=aws.ProviderDefaultTagsArgs(tags=cfg.resource_tags))
+    # Pinned first, and every AWS resource waits on it (through the provider): a tag that cannot be
+    # resolved stops `pulumi up` before anything billable exists.
+    image, pinning = dlc_image.pin(cfg.dlc_image)
+    provider = aws.Provider("aws", region=cfg.region, default_tags=aws.ProviderDefaultTagsArgs(tags=cfg.resource_tags),
+                            opts=pulumi.ResourceOptions(depends_on=pinning))
     with_provider = pulumi.ResourceOptions(providers={"aws": provider})
     invoke = pulumi.InvokeOptions(provider=provider)
 
@@ -60,9 +66,11 @@ def main() -> dict[str, pulumi.Output]:
     gpu = GpuNodeGroup("gpu", cfg, cluster_name=eks.cluster.name, node_role_arn=eks.node_role.arn,
                        vpc_id=network.vpc.id, subnet_id=network.private_subnets[gpu_az].id,
                        cluster_security_group_id=eks.security_group_id, availability_zone=gpu_az, opts=node_opts)
-    eks.late_addons(depends_on=[system.node_group])
+    late_addons = eks.late_addons(depends_on=[system.node_group])
     store = CheckpointStore("checkpoints", cfg, oidc_provider_arn=eks.oidc_provider.arn,
                             oidc_issuer_url=eks.oidc_issuer, opts=with_provider)
+    RayWorkloads("ray", cfg, image=image, kubeconfig=eks.kubeconfig, irsa_role_arn=store.role.arn,
+                 checkpoint_uri=store.uri, cluster_dependencies=[system, gpu, *late_addons])
 
     outputs = {
         "clusterName": eks.cluster.name,
@@ -76,6 +84,7 @@ def main() -> dict[str, pulumi.Output]:
         "dashboardPortForward": pulumi.Output.from_input(
             f"kubectl -n {cfg.ray_namespace} port-forward svc/{cfg.ray_head_service} 8265:8265"),
         "estimatedCostPerHour": pulumi.Output.from_input(hourly_cost(cfg)),
+        "dlcImage": image,
     }
     for name, value in outputs.items():
         pulumi.export(name, value)
