@@ -1,0 +1,241 @@
+"""Fixtures for the workloads tests: the real KubeRay CRD, stack runs under mocks that also record
+each resource's dependencies and provider, and a small OCI registry served on localhost."""
+from __future__ import annotations
+
+import copy
+import hashlib
+import http.server
+import threading
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infra import config, offline, plan
+
+REPO = Path(__file__).resolve().parents[2]
+CRD_PATH = REPO.parent / "shared" / "reference" / "kuberay" / "ray.io_rayclusters.yaml"
+
+
+# --- the RayCluster CRD ------------------------------------------------------------------------
+
+def _load_schema() -> dict:
+    crd = yaml.safe_load(CRD_PATH.read_text())
+    (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    return v1["schema"]["openAPIV3Schema"]
+
+
+def no_unknown_fields(schema):
+    """The schema with additionalProperties: false on every object that lists its properties.
+
+    The API server prunes unknown fields silently (and kubectl --validate=strict refuses them);
+    this turns a misspelt or misplaced field into a validation error here."""
+    if isinstance(schema, list):
+        return [no_unknown_fields(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: no_unknown_fields(v) for k, v in schema.items()}
+    if ("properties" in out and "additionalProperties" not in out
+            and not out.get("x-kubernetes-preserve-unknown-fields")):
+        out["additionalProperties"] = False
+    return out
+
+
+@pytest.fixture(scope="session")
+def raycluster_schema() -> dict:
+    return _load_schema()
+
+
+@pytest.fixture(scope="session")
+def strict_raycluster_schema(raycluster_schema) -> dict:
+    return no_unknown_fields(copy.deepcopy(raycluster_schema))
+
+
+# --- stack configurations and runs -------------------------------------------------------------
+
+def stack_file(stack: str) -> dict:
+    return plan.read_stack_file(stack, REPO)
+
+
+def stack_config(stack: str, **overrides) -> config.StackConfig:
+    raw = stack_file(stack)
+    raw.update({k if ":" in k else f"raytrain-eks:{k}": v for k, v in overrides.items()})
+    return config.load(raw, stack=stack)
+
+
+@dataclass
+class Registration:
+    urn: str
+    type: str
+    name: str
+    dependencies: set[str]
+    provider: str
+
+
+@dataclass
+class StackRun:
+    result: offline.PlanResult
+    registrations: dict[str, Registration] = field(default_factory=dict)
+
+    def urn(self, typ: str, name: str) -> str:
+        (found,) = [r.urn for r in self.registrations.values() if r.type == typ and r.name == name]
+        return found
+
+    def urns(self, predicate) -> list[str]:
+        return [r.urn for r in self.registrations.values() if predicate(r)]
+
+    def ancestors(self, urn: str) -> set[str]:
+        """Everything `urn` depends on, directly or not: what Pulumi deletes only after it."""
+        seen: set[str] = set()
+        todo = list(self.registrations[urn].dependencies)
+        while todo:
+            dep = todo.pop()
+            if dep not in seen:
+                seen.add(dep)
+                todo.extend(self.registrations.get(dep, Registration(dep, "", "", set(), "")).dependencies)
+        return seen
+
+
+def run_stack(stack: str, **overrides) -> StackRun:
+    """Run the program for Pulumi.<stack>.yaml (plus overrides) and record dependencies per resource."""
+    raw = stack_file(stack)
+    raw.update({k if ":" in k else f"raytrain-eks:{k}": v for k, v in overrides.items()})
+    registrations: dict[str, Registration] = {}
+
+    class DependencyRecordingMonitor(offline._NoResourceReferencesMonitor):
+        def RegisterResource(self, request):
+            response = super().RegisterResource(request)
+            registrations[response.urn] = Registration(
+                response.urn, request.type, request.name, set(request.dependencies), request.provider)
+            return response
+
+    original = offline._NoResourceReferencesMonitor
+    offline._NoResourceReferencesMonitor = DependencyRecordingMonitor
+    try:
+        result = offline.run(raw, stack=stack)
+    finally:
+        offline._NoResourceReferencesMonitor = original
+    return StackRun(result, registrations)
+
+
+@pytest.fixture(scope="session")
+def dev_run() -> StackRun:
+    return run_stack("dev")
+
+
+@pytest.fixture(scope="session")
+def p5_run() -> StackRun:
+    return run_stack("p5")
+
+
+# --- a fake OCI registry -----------------------------------------------------------------------
+
+INDEX_DIGEST = "sha256:" + hashlib.sha256(b"multi-arch image index").hexdigest()
+SINGLE_MANIFEST_DIGEST = "sha256:" + hashlib.sha256(b"one platform's manifest").hexdigest()
+SERVICE = "fake-registry"
+SLOW_SECONDS = 3.0
+
+
+class FakeRegistry:
+    """Distribution-spec behaviour, per repository and tag:
+
+    - open/*: no authentication; every other repository needs `Bearer pull:<repository>`, obtained
+      anonymously from /token with scope repository:<repository>:pull. The 401 challenge names
+      scope "aws", as public.ecr.aws does, so a client must ask for the repository scope itself.
+    - private/*: the token service hands out a token that does not grant the pull (401 again).
+    - denied/*: the token service answers 401. basic/*: challenges with Basic, not Bearer.
+    - tags: missing -> 404, nodigest -> 200 without Docker-Content-Digest, baddigest -> a malformed
+      digest, boom -> 500, slow -> answers after SLOW_SECONDS; any other tag resolves, to the
+      index digest when the client accepts an OCI index or Docker manifest list.
+    """
+
+    def __init__(self):
+        self.requests: list[tuple[str, str, dict[str, str]]] = []
+        self.release = threading.Event()
+        registry = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _reply(self, status, headers=(), body=b""):
+                self.send_response(status)
+                for key, value in headers:
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+            def do_GET(self):
+                registry.requests.append(("GET", self.path, dict(self.headers)))
+                url = urllib.parse.urlparse(self.path)
+                if url.path != "/token":
+                    return self._reply(404)
+                query = urllib.parse.parse_qs(url.query)
+                scope = query.get("scope", [""])[0]
+                repository = scope.removeprefix("repository:").removesuffix(":pull")
+                if query.get("service") != [SERVICE] or not scope.endswith(":pull"):
+                    return self._reply(400, body=b'{"errors": [{"code": "UNSUPPORTED"}]}')
+                if repository.startswith("denied/"):
+                    return self._reply(401, body=b'{"errors": [{"code": "DENIED"}]}')
+                token = "anonymous" if repository.startswith("private/") else f"pull:{repository}"
+                self._reply(200, [("Content-Type", "application/json")], f'{{"token": "{token}"}}'.encode())
+
+            def do_HEAD(self):
+                registry.requests.append(("HEAD", self.path, dict(self.headers)))
+                parts = self.path.split("/")
+                if parts[:2] != ["", "v2"] or "manifests" not in parts:
+                    return self._reply(404)
+                at = parts.index("manifests")
+                repository, tag = "/".join(parts[2:at]), parts[at + 1]
+                if repository.startswith("basic/"):
+                    return self._reply(401, [("WWW-Authenticate", 'Basic realm="fake"')])
+                if not repository.startswith("open/") and self.headers.get("Authorization") != f"Bearer pull:{repository}":
+                    realm = f"http://{registry.host}/token"
+                    return self._reply(401, [("WWW-Authenticate", f'Bearer realm="{realm}",service="{SERVICE}",scope="aws"')])
+                if tag == "missing":
+                    return self._reply(404)
+                if tag == "boom":
+                    return self._reply(500)
+                if tag == "slow":
+                    registry.release.wait(SLOW_SECONDS)
+                accept = self.headers.get("Accept", "")
+                multi = ("application/vnd.oci.image.index.v1+json" in accept
+                         or "application/vnd.docker.distribution.manifest.list.v2+json" in accept)
+                headers = [("Content-Type", "application/vnd.oci.image.index.v1+json" if multi
+                            else "application/vnd.oci.image.manifest.v1+json")]
+                if tag == "baddigest":
+                    headers.append(("Docker-Content-Digest", "sha256:not-a-digest"))
+                elif tag != "nodigest":
+                    headers.append(("Docker-Content-Digest", INDEX_DIGEST if multi else SINGLE_MANIFEST_DIGEST))
+                self._reply(200, headers)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.host = f"127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def image(self, repository: str, tag: str) -> str:
+        return f"{self.host}/{repository}:{tag}"
+
+    def close(self):
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="session")
+def _registry_server():
+    server = FakeRegistry()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def registry(_registry_server) -> FakeRegistry:
+    _registry_server.requests.clear()
+    return _registry_server
