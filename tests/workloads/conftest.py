@@ -10,6 +10,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
 
@@ -22,7 +23,7 @@ CRD_PATH = REPO.parent / "shared" / "reference" / "kuberay" / "ray.io_raycluster
 # --- the RayCluster CRD ------------------------------------------------------------------------
 
 def _load_schema() -> dict:
-    crd = yaml.safe_load(CRD_PATH.read_text())
+    crd = yaml.load(CRD_PATH.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     return v1["schema"]["openAPIV3Schema"]
 
@@ -44,13 +45,16 @@ def no_unknown_fields(schema):
 
 
 @pytest.fixture(scope="session")
-def raycluster_schema() -> dict:
-    return _load_schema()
+def raycluster_schema() -> jsonschema.Validator:
+    """The v1 openAPIV3Schema as a validator (OpenAPI v3.0 schemas read as JSON Schema draft 7)."""
+    schema = _load_schema()
+    jsonschema.Draft7Validator.check_schema(schema)
+    return jsonschema.Draft7Validator(schema)
 
 
 @pytest.fixture(scope="session")
-def strict_raycluster_schema(raycluster_schema) -> dict:
-    return no_unknown_fields(copy.deepcopy(raycluster_schema))
+def strict_raycluster_schema(raycluster_schema) -> jsonschema.Validator:
+    return jsonschema.Draft7Validator(no_unknown_fields(copy.deepcopy(raycluster_schema.schema)))
 
 
 # --- stack configurations and runs -------------------------------------------------------------

@@ -1,0 +1,66 @@
+"""The Helm releases as data: pinned chart versions from the configuration, repositories, placement."""
+from __future__ import annotations
+
+import pytest
+
+from infra import nodes
+from infra.config import ConfigError
+from workloads import charts
+
+from .conftest import stack_config
+
+GPU_EFFECT = "NoSchedule"  # nodes.GPU_TAINT's NO_SCHEDULE as Kubernetes spells it
+
+
+def by_release(cfg):
+    return {r.release: r for r in charts.releases(cfg)}
+
+
+def test_charts_repositories_and_default_versions():
+    releases = by_release(stack_config("dev"))
+    assert {name: (r.chart, r.version, r.repository) for name, r in releases.items()} == {
+        "nvidia-device-plugin": ("nvidia-device-plugin", "0.20.0", "https://nvidia.github.io/k8s-device-plugin"),
+        "aws-efa-k8s-device-plugin": ("aws-efa-k8s-device-plugin", "v0.5.32", "https://aws.github.io/eks-charts"),
+        "kuberay-operator": ("kuberay-operator", "1.7.0", "https://ray-project.github.io/kuberay-helm/"),
+    }
+
+
+def test_versions_follow_the_configuration():
+    cfg = stack_config("dev", kuberayVersion="1.6.2", nvidiaDevicePluginVersion="0.19.1",
+                       efaDevicePluginVersion="v0.5.40")
+    assert {r.release: r.version for r in charts.releases(cfg)} == {
+        "nvidia-device-plugin": "0.19.1", "aws-efa-k8s-device-plugin": "v0.5.40", "kuberay-operator": "1.6.2"}
+
+
+@pytest.mark.parametrize("release", ["nvidia-device-plugin", "aws-efa-k8s-device-plugin"])
+def test_device_plugins_run_only_on_gpu_nodes_and_tolerate_their_taint(release):
+    chart = by_release(stack_config("dev"))[release]
+    assert chart.runs_on == "gpu" and chart.namespace == "kube-system"
+    assert chart.values["nodeSelector"] == nodes.GPU_LABELS
+    matching = [t for t in chart.values["tolerations"]
+                if t["key"] == nodes.GPU_TAINT["key"] and t.get("effect") == GPU_EFFECT
+                and (t["operator"] == "Exists" or t.get("value") == nodes.GPU_TAINT["value"])]
+    assert matching, chart.values["tolerations"]
+
+
+def test_operator_runs_on_the_system_node_behind_a_cluster_ip():
+    chart = by_release(stack_config("dev"))["kuberay-operator"]
+    assert chart.runs_on == "system" and chart.namespace == charts.OPERATOR_NAMESPACE
+    assert chart.values["nodeSelector"] == nodes.SYSTEM_LABELS
+    assert "tolerations" not in chart.values
+    assert chart.values["service"]["type"] == "ClusterIP"
+
+
+def test_values_are_fresh_copies():
+    cfg = stack_config("dev")
+    charts.nvidia_device_plugin(cfg).values["tolerations"][0]["value"] = "changed"
+    charts.kuberay_operator(cfg).values["nodeSelector"]["role"] = "changed"
+    assert nodes.GPU_TOLERATION["value"] == "true" and nodes.SYSTEM_LABELS["role"] == "system"
+
+
+def test_a_kuberay_without_token_auth_is_refused():
+    with pytest.raises(ConfigError) as err:
+        stack_config("dev", kuberayVersion="1.4.0")
+    assert ("raytrain-eks:kuberayVersion: 1.4.0 is older than 1.5.1, the first KubeRay release whose RayCluster "
+            "has authOptions") in str(err.value)
+    assert stack_config("dev", kuberayVersion="1.5.1").kuberay_version == "1.5.1"

@@ -1,0 +1,232 @@
+"""The RayCluster manifest as a pure function: CRD validity, head, workers, environment, auth, sizing."""
+from __future__ import annotations
+
+import copy
+import math
+
+import jsonschema
+import pytest
+
+from infra import catalog, nodes
+from infra.config import ConfigError
+from workloads import raycluster
+from workloads.raycluster import ManifestError
+
+from .conftest import stack_config
+
+IMAGE = "public.ecr.aws/deep-learning-containers/ray@sha256:" + "ab" * 32
+CHECKPOINTS = "s3://raytrain-ckpt-example"
+EXPECTED_DEVICES = {"g6.12xlarge": (4, 1), "p5.48xlarge": (8, 32)}  # the issue's numbers: GPUs, EFA devices
+
+
+def build(stack="dev", **overrides):
+    return raycluster.manifest(stack_config(stack, **overrides), image=IMAGE, checkpoint_uri=CHECKPOINTS)
+
+
+def head_of(manifest):
+    spec = manifest["spec"]["headGroupSpec"]
+    return spec, spec["template"]["spec"], spec["template"]["spec"]["containers"][0]
+
+
+def worker_of(manifest):
+    (group,) = manifest["spec"]["workerGroupSpecs"]
+    return group, group["template"]["spec"], group["template"]["spec"]["containers"][0]
+
+
+def env_of(container):
+    return {e["name"]: e["value"] for e in container["env"]}
+
+
+def quantity_gib(text: str) -> float:
+    units = {"Mi": 1 / 1024, "Gi": 1, "Ti": 1024}
+    for unit, factor in units.items():
+        if text.endswith(unit):
+            return float(text[:-2]) * factor
+    raise ValueError(text)
+
+
+# EKS's kubelet reservation (AL2023 EKS AMI): CPU 6% of the first core, 1% of the second, 0.5% of
+# the next two, 0.25% of the rest; memory 255Mi + 11Mi per pod (max pods capped at 110 below 30
+# vCPUs, 250 above) plus the 100Mi eviction threshold. About 5% of nominal memory is never visible.
+def allocatable(vcpus: int, memory_gib: int, *, efa: bool) -> tuple[float, float]:
+    millicores = [60, 10, 5, 5] + [2.5] * max(0, vcpus - 4)
+    cpu = vcpus - sum(millicores[:vcpus]) / 1000
+    max_pods = 110 if vcpus < 30 else 250
+    memory = memory_gib * 0.95 - (255 + 11 * max_pods + 100) / 1024 - (5128 * 2 / 1024 if efa else 0)
+    return cpu, memory
+
+
+# Requests of the other pods: aws-node 25m, kube-proxy 100m on every node; CoreDNS 2 x (100m,
+# 70Mi) and the KubeRay operator (100m, 512Mi) on the system node; the EFA plugin (10m, 20Mi) on GPU nodes.
+SYSTEM_NODE_OTHERS = (0.025 + 0.1 + 0.2 + 0.1, (140 + 512) / 1024)
+GPU_NODE_OTHERS = (0.025 + 0.1 + 0.01, 20 / 1024)
+
+
+@pytest.mark.parametrize("stack", ["dev", "p5"])
+def test_validates_against_the_kuberay_v1_crd(stack, raycluster_schema, strict_raycluster_schema):
+    manifest = build(stack)
+    raycluster_schema.validate(manifest)
+    strict_raycluster_schema.validate(manifest)  # and no field the CRD does not know
+
+
+@pytest.mark.parametrize("gpu_type", sorted(catalog.GPU_TYPES))
+def test_every_catalog_gpu_type_gives_a_valid_manifest(gpu_type, strict_raycluster_schema):
+    strict_raycluster_schema.validate(build(gpuNodeType=gpu_type))
+
+
+def test_strict_schema_catches_a_misplaced_field(strict_raycluster_schema, raycluster_schema):
+    manifest = build()
+    manifest["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["tolerations"] = []
+    raycluster_schema.validate(manifest)
+    with pytest.raises(jsonschema.ValidationError, match="tolerations"):
+        strict_raycluster_schema.validate(manifest)
+
+
+def test_identity_version_auth_and_service_account():
+    cfg = stack_config("dev", rayVersion="2.55.0", rayNamespace="training")
+    manifest = raycluster.manifest(cfg, image=IMAGE, checkpoint_uri=CHECKPOINTS)
+    assert (manifest["apiVersion"], manifest["kind"]) == ("ray.io/v1", "RayCluster")
+    assert manifest["metadata"]["name"] == cfg.ray_cluster_name
+    assert manifest["metadata"]["namespace"] == "training"
+    assert manifest["spec"]["rayVersion"] == "2.55.0"
+    assert manifest["spec"]["authOptions"] == {"mode": "token"}
+    assert manifest["spec"]["enableInTreeAutoscaling"] is False
+    for _, pod, container in (head_of(manifest), worker_of(manifest)):
+        assert pod["serviceAccountName"] == cfg.ray_service_account
+        assert container["image"] == IMAGE
+        assert "hostNetwork" not in pod and container["securityContext"]["privileged"] is False
+
+
+def test_head_runs_on_the_system_node_without_gpus():
+    head, pod, container = head_of(build())
+    assert pod["nodeSelector"] == nodes.SYSTEM_LABELS
+    assert "tolerations" not in pod
+    assert head["rayStartParams"]["num-gpus"] == "0"
+    assert env_of(container)["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert env_of(container)[raycluster.CHECKPOINT_ENV] == CHECKPOINTS
+    assert head["serviceType"] == "ClusterIP"
+    assert {p["containerPort"] for p in container["ports"]} == {6379, 8265, 10001}
+    assert not any(r.startswith(("nvidia.com/", "vpc.amazonaws.com/")) for r in container["resources"]["limits"])
+    assert container["lifecycle"]["preStop"]["exec"]["command"][-1] == "ray stop"
+
+
+@pytest.mark.parametrize("role", ["head", "worker"])
+def test_ray_tmp_is_a_volume(role):
+    _, pod, container = (head_of if role == "head" else worker_of)(build())
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/tmp/ray"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume == {"name": mount["name"], "emptyDir": {}}
+
+
+@pytest.mark.parametrize("system_type", sorted(catalog.CPU_TYPES))
+def test_head_fits_the_system_node_beside_the_operator_and_coredns(system_type):
+    _, _, container = head_of(build(systemNodeType=system_type))
+    requests = container["resources"]["requests"]
+    assert container["resources"]["limits"] == requests
+    node = catalog.CPU_TYPES[system_type]
+    cpu, memory = allocatable(node.vcpus, node.memory_gib, efa=False)
+    assert float(requests["cpu"]) + SYSTEM_NODE_OTHERS[0] <= cpu
+    assert quantity_gib(requests["memory"]) + SYSTEM_NODE_OTHERS[1] <= memory
+    assert float(requests["cpu"]) >= 1 and quantity_gib(requests["memory"]) >= 2
+
+
+@pytest.mark.parametrize("stack, gpu_type", [("dev", "g6.12xlarge"), ("p5", "p5.48xlarge")])
+def test_each_worker_claims_its_whole_node(stack, gpu_type):
+    cfg = stack_config(stack, gpuNodeCount=3)
+    assert cfg.gpu_node_type == gpu_type
+    group, pod, container = worker_of(raycluster.manifest(cfg, image=IMAGE, checkpoint_uri=CHECKPOINTS))
+    assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 3
+    gpus, efa = EXPECTED_DEVICES[gpu_type]
+    limits = container["resources"]["limits"]
+    assert container["resources"]["requests"] == limits
+    assert limits["nvidia.com/gpu"] == str(gpus) == group["rayStartParams"]["num-gpus"]
+    assert limits["vpc.amazonaws.com/efa"] == str(efa)
+    assert limits["hugepages-2Mi"] == catalog.GPU_TYPES[gpu_type].hugepages_2mi == "5120Mi"
+    assert pod["nodeSelector"]["role"] == "gpu-worker"
+    assert pod["tolerations"] == [nodes.GPU_TOLERATION]
+
+
+@pytest.mark.parametrize("gpu_type", sorted(catalog.GPU_TYPES))
+def test_worker_cpu_and_memory_are_the_node_minus_a_reserve_and_fit(gpu_type):
+    gpu = catalog.GPU_TYPES[gpu_type]
+    _, _, container = worker_of(build(gpuNodeType=gpu_type))
+    limits = container["resources"]["limits"]
+    cpu, memory = float(limits["cpu"]), quantity_gib(limits["memory"])
+    assert gpu.vcpus * 0.85 <= cpu <= gpu.vcpus - 2  # most of the node, not all of it
+    assert gpu.memory_gib * 0.8 <= memory <= gpu.memory_gib - 8
+    node_cpu, node_memory = allocatable(gpu.vcpus, gpu.memory_gib, efa=gpu.efa)
+    assert cpu + GPU_NODE_OTHERS[0] <= node_cpu
+    assert memory + GPU_NODE_OTHERS[1] <= node_memory
+
+
+@pytest.mark.parametrize("gpu_type", sorted(catalog.GPU_TYPES))
+def test_worker_environment(gpu_type):
+    _, _, container = worker_of(build(gpuNodeType=gpu_type))
+    env = env_of(container)
+    assert env["FI_PROVIDER"] == "efa"
+    assert env["NCCL_SOCKET_IFNAME"] == "eth0"
+    assert env["NCCL_DEBUG"] == "INFO"
+    assert env[raycluster.CHECKPOINT_ENV] == CHECKPOINTS
+    nvlink = catalog.GPU_TYPES[gpu_type].nvlink
+    assert ("NCCL_SHM_USE_CUDA_MEMCPY" in env) is (not nvlink)
+    if not nvlink:
+        assert env["NCCL_SHM_USE_CUDA_MEMCPY"] == "1"
+
+
+def test_nccl_debug_is_configurable_and_validated():
+    _, _, container = worker_of(build(ncclDebug="WARN"))
+    assert env_of(container)["NCCL_DEBUG"] == "WARN"
+    with pytest.raises(ConfigError, match="raytrain-eks:ncclDebug: 'LOUD' is not supported; use one of"):
+        stack_config("dev", ncclDebug="LOUD")
+
+
+def test_worker_tolerates_exactly_the_gpu_node_taint():
+    _, pod, _ = worker_of(build())
+    (toleration,) = pod["tolerations"]
+    taint = nodes.GPU_TAINT
+    effect = "".join(part.capitalize() for part in taint["effect"].split("_"))  # NO_SCHEDULE -> NoSchedule
+    assert (toleration["key"], toleration["operator"], toleration["value"], toleration["effect"]) == (
+        taint["key"], "Equal", taint["value"], effect)
+
+
+@pytest.mark.parametrize("image", [
+    "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1",
+    "public.ecr.aws/deep-learning-containers/ray@sha256:abc",
+])
+def test_refuses_an_image_not_pinned_by_digest(image):
+    with pytest.raises(ManifestError, match=r"raytrain-eks:dlcImage: .*pinned by digest"):
+        raycluster.manifest(stack_config("dev"), image=image, checkpoint_uri=CHECKPOINTS)
+
+
+def test_refuses_local_checkpoint_storage():
+    with pytest.raises(ManifestError, match="needs shared storage"):
+        raycluster.manifest(stack_config("dev"), image=IMAGE, checkpoint_uri="/tmp/checkpoints")
+
+
+def test_is_pure():
+    cfg = stack_config("dev")
+    first = raycluster.manifest(cfg, image=IMAGE, checkpoint_uri=CHECKPOINTS)
+    snapshot = copy.deepcopy(first)
+    _, pod, _ = worker_of(first)
+    pod["tolerations"][0]["value"] = "changed"
+    pod["nodeSelector"]["role"] = "changed"
+    assert nodes.GPU_TOLERATION["value"] == "true" and nodes.GPU_LABELS["role"] == "gpu-worker"
+    assert raycluster.manifest(cfg, image=IMAGE, checkpoint_uri=CHECKPOINTS) == snapshot
+
+
+def test_reserve_constants_are_what_the_sizing_uses():
+    gpu = catalog.GPU_TYPES["g6.12xlarge"]
+    size = raycluster.worker_size(gpu)
+    assert size.cpu == gpu.vcpus - max(2, math.ceil(gpu.vcpus * 0.1)) == 43
+    assert size.memory_gib == 192 - 20 - 11 == 161
+
+
+def test_the_crd_schema_is_really_applied(raycluster_schema):
+    manifest = build()
+    del manifest["spec"]["workerGroupSpecs"][0]["groupName"]
+    with pytest.raises(jsonschema.ValidationError, match="'groupName' is a required property"):
+        raycluster_schema.validate(manifest)
+    manifest = build()
+    manifest["spec"]["authOptions"]["mode"] = "password"
+    with pytest.raises(jsonschema.ValidationError, match="'password' is not one of"):
+        raycluster_schema.validate(manifest)
