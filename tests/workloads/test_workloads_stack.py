@@ -1,0 +1,258 @@
+"""The whole program under mocks, for the dev and p5 stack files: the Kubernetes objects it declares,
+their provider, images, Services, placement against the node groups, dependencies, and the plan."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+from pulumi.runtime import rpc
+
+from infra import plan
+from workloads import charts, image, raycluster
+
+from .conftest import run_stack, stack_config
+
+PINNED = re.compile(r"@sha256:[0-9a-f]{64}$")
+NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
+RAYCLUSTER = "kubernetes:ray.io/v1:RayCluster"
+RELEASE = "kubernetes:helm.sh/v3:Release"
+DIGEST_IMAGE = "public.ecr.aws/deep-learning-containers/ray@sha256:" + "5e" * 32
+
+
+@pytest.fixture(params=["dev", "p5"])
+def run(request):
+    return request.getfixturevalue(f"{request.param}_run")
+
+
+def kubernetes(run):
+    return [r for r in run.result.resources if r.type.startswith("kubernetes:")]
+
+
+def as_ints(value):
+    """Pulumi's wire format carries every number as a float."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: as_ints(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [as_ints(v) for v in value]
+    return value
+
+
+def walk(value, path=()):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from walk(v, (*path, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from walk(v, (*path, i))
+    else:
+        yield path, value
+
+
+def effect(taint_effect: str) -> str:
+    return "".join(part.capitalize() for part in taint_effect.split("_"))
+
+
+def node_groups(run):
+    groups = {r.inputs["labels"]["role"]: r for r in run.result.of_type(NODE_GROUP)}
+    assert set(groups) == {"system", "gpu-worker"}
+    return groups["system"], groups["gpu-worker"]
+
+
+def matches(selector: dict, labels: dict) -> bool:
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def tolerates(tolerations: list[dict], taint: dict) -> bool:
+    return any(t["key"] == taint["key"] and t.get("effect") == effect(taint["effect"])
+               and (t["operator"] == "Exists" or t.get("value") == taint["value"]) for t in tolerations)
+
+
+def test_declares_every_kubernetes_object_through_one_provider(run):
+    (provider,) = [r for r in run.result.resources if r.type == "pulumi:providers:kubernetes"]
+    kubeconfig = provider.inputs["kubeconfig"]
+    assert kubeconfig[rpc._special_sig_key] == rpc._special_secret_sig  # stays a secret in state
+    assert json.loads(kubeconfig["value"])["current-context"] == run.result.outputs["clusterName"]
+    provider_urn = run.urn("pulumi:providers:kubernetes", provider.name)
+    objects = kubernetes(run)
+    assert sorted(r.type for r in objects) == sorted([
+        "kubernetes:core/v1:Namespace", "kubernetes:core/v1:Namespace", "kubernetes:core/v1:ServiceAccount",
+        RELEASE, RELEASE, RELEASE, RAYCLUSTER])
+    for r in objects:
+        (reg,) = [g for g in run.registrations.values() if g.type == r.type and g.name == r.name]
+        assert reg.provider.startswith(provider_urn + "::"), r.name
+
+
+def test_helm_releases_carry_chart_version_repository_and_values(run):
+    cfg = stack_config(run.result.outputs["clusterName"].rsplit("-", 1)[-1])
+    recorded = {r.inputs["name"]: r.inputs for r in run.result.of_type(RELEASE)}
+    for spec in charts.releases(cfg):
+        inputs = recorded[spec.release]
+        assert (inputs["chart"], inputs["version"], inputs["repositoryOpts"], inputs["namespace"]) == (
+            spec.chart, spec.version, {"repo": spec.repository}, spec.namespace)
+        assert inputs["values"] == spec.values
+        assert inputs["atomic"] is True  # a failed install is rolled back, not left half-created
+
+
+def test_raycluster_is_the_pure_manifest_and_valid(run, raycluster_schema, strict_raycluster_schema):
+    outputs = run.result.outputs
+    cfg = stack_config(outputs["clusterName"].rsplit("-", 1)[-1])
+    inputs = as_ints(run.result.one(RAYCLUSTER).inputs)
+    assert set(inputs) == {"apiVersion", "kind", "metadata", "spec"}
+    assert inputs == raycluster.manifest(cfg, image=outputs["dlcImage"], checkpoint_uri=outputs["checkpointBucketUri"])
+    raycluster_schema.validate(inputs)
+    strict_raycluster_schema.validate(inputs)
+
+
+def test_ray_namespace_and_irsa_service_account(run):
+    namespaces = {r.inputs["metadata"]["name"]: r.inputs for r in run.result.of_type("kubernetes:core/v1:Namespace")}
+    assert set(namespaces) == {"ray", charts.OPERATOR_NAMESPACE}
+    assert namespaces["ray"]["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "baseline"
+    sa = run.result.one("kubernetes:core/v1:ServiceAccount").inputs
+    assert sa["metadata"]["name"] == "ray-train" and sa["metadata"]["namespace"] == "ray"
+    assert sa["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": run.result.outputs["rayIrsaRoleArn"]}
+    assert sa["automountServiceAccountToken"] is False
+
+
+def test_dlc_image_is_pinned_by_a_dynamic_resource_and_exported(run):
+    cfg = stack_config(run.result.outputs["clusterName"].rsplit("-", 1)[-1])
+    (pin,) = [r for r in run.result.resources if r.type == "pulumi-python:dynamic/raytrain:PinnedImage"]
+    assert pin.inputs["image"] == cfg.dlc_image == "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1"
+    assert "__provider" in pin.inputs  # the pickled ImageDigestProvider travels in state
+    exported = run.result.outputs["dlcImage"]
+    assert exported == "public.ecr.aws/deep-learning-containers/ray@" + image.PLACEHOLDER_DIGEST
+    assert image.is_placeholder(exported) and pin.outputs["placeholder"] is True
+
+
+def test_every_image_in_every_object_is_pinned_by_digest(run):
+    images = [(r.name, path, value) for r in kubernetes(run) for path, value in walk(r.inputs)
+              if path and path[-1] == "image"]
+    assert len(images) == 2  # head and worker
+    assert len({value for _, _, value in images}) == 1  # one image for head and workers
+    for name, path, value in images:
+        assert PINNED.search(value), (name, path, value)
+
+
+def test_no_service_other_than_cluster_ip(run):
+    for r in kubernetes(run):
+        text = json.dumps(r.inputs)
+        assert "LoadBalancer" not in text and "NodePort" not in text, r.name
+        assert r.inputs.get("kind") != "Service" or r.inputs["spec"].get("type", "ClusterIP") == "ClusterIP"
+        for path, value in walk(r.inputs):
+            if path[-1:] == ("serviceType",) or path[-2:] == ("service", "type"):
+                assert value == "ClusterIP", (r.name, path)
+    assert run.result.one(RAYCLUSTER).inputs["spec"]["headGroupSpec"]["serviceType"] == "ClusterIP"
+
+
+def test_tolerations_and_selectors_match_the_node_groups(run):
+    system, gpu = node_groups(run)
+    assert "taints" not in system.inputs or not system.inputs["taints"]
+    (taint,) = gpu.inputs["taints"]
+    spec = run.result.one(RAYCLUSTER).inputs["spec"]
+    head = spec["headGroupSpec"]["template"]["spec"]
+    worker = spec["workerGroupSpecs"][0]["template"]["spec"]
+    assert matches(head["nodeSelector"], system.inputs["labels"]) and not matches(head["nodeSelector"], gpu.inputs["labels"])
+    assert matches(worker["nodeSelector"], gpu.inputs["labels"]) and not matches(worker["nodeSelector"], system.inputs["labels"])
+    assert tolerates(worker["tolerations"], taint) and "tolerations" not in head
+    releases = {r.inputs["name"]: r.inputs["values"] for r in run.result.of_type(RELEASE)}
+    for plugin in ("nvidia-device-plugin", "aws-efa-k8s-device-plugin"):
+        assert matches(releases[plugin]["nodeSelector"], gpu.inputs["labels"]), plugin
+        assert tolerates(releases[plugin]["tolerations"], taint), plugin
+    assert matches(releases["kuberay-operator"]["nodeSelector"], system.inputs["labels"])
+
+
+def test_worker_devices_follow_the_gpu_family(p5_run, dev_run):
+    for run, (gpus, efa) in ((dev_run, ("4", "1")), (p5_run, ("8", "32"))):
+        (group,) = run.result.one(RAYCLUSTER).inputs["spec"]["workerGroupSpecs"]
+        limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
+        assert (limits["nvidia.com/gpu"], limits["vpc.amazonaws.com/efa"]) == (gpus, efa)
+        assert as_ints(group["replicas"]) == 2
+        (launch_template,) = [r for r in run.result.of_type("aws:ec2/launchTemplate:LaunchTemplate")
+                              if "networkInterfaces" in r.inputs]
+        assert len(launch_template.inputs["networkInterfaces"]) == int(efa)  # one EFA device per interface
+
+
+def test_destroy_order_in_cluster_objects_before_node_groups_before_cluster_before_network(run):
+    """Pulumi deletes a resource only after everything that depends on it: these edges are the order."""
+    system_ng = run.urn(NODE_GROUP, "system-ng")
+    gpu_ng = run.urn(NODE_GROUP, "gpu-ng")
+    coredns = run.urn("aws:eks/addon:Addon", "cluster-coredns")
+    cluster = run.urn("aws:eks/cluster:Cluster", "cluster-eks")
+    for urn in run.urns(lambda r: r.type.startswith("kubernetes:")):
+        assert {system_ng, gpu_ng, coredns} <= run.ancestors(urn), urn
+    for node_group in (system_ng, gpu_ng):
+        assert cluster in run.ancestors(node_group)
+    network = set(run.urns(lambda r: r.type in ("aws:ec2/vpc:Vpc",) or r.name.startswith("net-private-")
+                           and r.type == "aws:ec2/subnet:Subnet"))
+    assert len(network) == 3 and network <= run.ancestors(cluster)
+    assert cluster in run.ancestors(run.urn("pulumi:providers:kubernetes", "ray-k8s"))
+
+
+def test_raycluster_waits_for_operator_device_plugins_and_service_account(run):
+    deps = run.registrations[run.urn(RAYCLUSTER, "ray-raycluster")].dependencies
+    wanted = {run.urn(RELEASE, f"ray-{name}") for name in ("kuberay-operator", "nvidia-device-plugin",
+                                                          "aws-efa-k8s-device-plugin")}
+    wanted |= {run.urn("kubernetes:core/v1:ServiceAccount", "ray-service-account"),
+               run.urn("kubernetes:core/v1:Namespace", "ray-namespace")}
+    assert wanted <= deps
+
+
+def test_nothing_is_created_before_the_image_is_pinned(run):
+    pin = run.urn("pulumi-python:dynamic/raytrain:PinnedImage", "dlc-image")
+    aws_provider = run.urn("pulumi:providers:aws", "aws")
+    assert pin in run.registrations[aws_provider].dependencies
+    for reg in run.registrations.values():
+        if reg.type.startswith("aws:"):
+            assert reg.provider.startswith(aws_provider + "::"), reg.name
+
+
+@pytest.mark.xfail(strict=True, reason="AWS layer (infra/): a component's depends_on does not reach its children, "
+                   "so node groups wait neither for vpc-cni/kube-proxy nor the node role policies, and the cluster "
+                   "and node groups not for the NAT route; see the workloads report")
+def test_aws_layer_waits_for_addons_policies_and_nat_route(dev_run):
+    run = dev_run
+    for name in ("system-ng", "gpu-ng"):
+        ancestors = run.ancestors(run.urn(NODE_GROUP, name))
+        assert run.urn("aws:eks/addon:Addon", "cluster-vpc-cni") in ancestors
+        assert set(run.urns(lambda r: r.name.startswith("cluster-node-")
+                            and r.type == "aws:iam/rolePolicyAttachment:RolePolicyAttachment")) <= ancestors
+        assert run.urn("aws:ec2/natGateway:NatGateway", "net-nat") in ancestors
+
+
+def test_a_configured_digest_is_used_as_is():
+    run = run_stack("dev", dlcImage=DIGEST_IMAGE)
+    assert not [r for r in run.result.resources if r.type.startswith("pulumi-python:dynamic")]
+    assert run.result.outputs["dlcImage"] == DIGEST_IMAGE
+    spec = run.result.one(RAYCLUSTER).inputs["spec"]
+    images = {spec["headGroupSpec"]["template"]["spec"]["containers"][0]["image"],
+              spec["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["image"]}
+    assert images == {DIGEST_IMAGE}
+
+
+def test_the_p5_stack_is_configuration_only():
+    dev, p5 = plan.read_stack_file("dev"), plan.read_stack_file("p5")
+    assert p5["raytrain-eks:gpuNodeType"] == "p5.48xlarge"
+    changed = {k for k in set(dev) | set(p5) if dev.get(k) != p5.get(k)}
+    assert changed == {"raytrain-eks:gpuNodeType", "raytrain-eks:tags"}
+    assert "$110.43/hour" in (plan.REPO_ROOT / "Pulumi.p5.yaml").read_text()
+
+
+def test_the_plan_writes_the_raycluster_and_the_releases(tmp_path, raycluster_schema, capsys):
+    assert plan.main(["--stack", "p5", "--out", str(tmp_path)]) == 0
+    assert "$  110.43" in capsys.readouterr().out
+    written = {p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.yaml")}
+    assert {"kubernetes/raycluster-raytrain.yaml", "kubernetes/serviceaccount-ray-train.yaml",
+            "kubernetes/namespace-ray.yaml", f"kubernetes/namespace-{charts.OPERATOR_NAMESPACE}.yaml",
+            "helm/release-nvidia-device-plugin.yaml", "helm/release-aws-efa-k8s-device-plugin.yaml",
+            "helm/release-kuberay-operator.yaml"} == written
+    cluster = yaml.safe_load((tmp_path / "kubernetes/raycluster-raytrain.yaml").read_text())
+    raycluster_schema.validate(cluster)
+    limits = cluster["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["vpc.amazonaws.com/efa"] == "32"
+    operator = yaml.safe_load((tmp_path / "helm/release-kuberay-operator.yaml").read_text())
+    assert (operator["chart"], operator["version"], operator["repository"]) == (
+        "kuberay-operator", "1.7.0", charts.KUBERAY_REPOSITORY)
+    assert operator["values"]["nodeSelector"] == {"role": "system"}
