@@ -10,6 +10,7 @@ import yaml
 from pulumi.runtime import rpc
 
 from infra import plan
+from infra.cost import hourly_cost
 from workloads import charts, image, raycluster
 
 from .conftest import run_stack, stack_config
@@ -235,9 +236,12 @@ def test_a_configured_digest_is_used_as_is():
 def test_the_p5_stack_is_configuration_only():
     dev, p5 = plan.read_stack_file("dev"), plan.read_stack_file("p5")
     assert p5["raytrain-eks:gpuNodeType"] == "p5.48xlarge"
-    changed = {k for k in set(dev) | set(p5) if dev.get(k) != p5.get(k)}
-    assert changed == {"raytrain-eks:gpuNodeType", "raytrain-eks:tags"}
-    assert "$110.43/hour" in (plan.REPO_ROOT / "Pulumi.p5.yaml").read_text()
+    changed = {k.split(":", 1)[1] for k in set(dev) | set(p5) if dev.get(k) != p5.get(k)}
+    assert "gpuNodeType" in changed
+    assert changed <= {"gpuNodeType", "gpuNodeCount", "tags", "capacityReservationId", "availabilityZone",
+                       "placementGroup", "capacityType"}
+    total = hourly_cost(stack_config("p5"))["total"]
+    assert f"about ${total:.2f}/hour" in (plan.REPO_ROOT / "Pulumi.p5.yaml").read_text()
 
 
 def test_the_plan_writes_the_raycluster_and_the_releases(tmp_path, raycluster_schema, capsys):
