@@ -8,6 +8,7 @@ import pulumi_aws as aws
 
 from infra import iam
 from infra.config import StackConfig
+from infra.resources import children_options
 
 CONTROL_PLANE_LOGS = ["api", "audit", "authenticator"]
 # Installed before any node joins (networking), or after the system nodes (coredns needs a node).
@@ -36,9 +37,9 @@ class EksCluster(pulumi.ComponentResource):
     """Control plane with API authentication mode, restricted public endpoint and IRSA."""
 
     def __init__(self, name: str, cfg: StackConfig, *, subnet_ids: list[pulumi.Input[str]],
-                 opts: pulumi.ResourceOptions | None = None):
+                 network_ready: list[pulumi.Resource], opts: pulumi.ResourceOptions | None = None):
         super().__init__("raytrain:infra:EksCluster", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
+        child = children_options(self, opts)
         tags = cfg.resource_tags
 
         role = aws.iam.Role(f"{name}-cluster-role", assume_role_policy=iam.service_trust("eks.amazonaws.com"),
@@ -65,7 +66,7 @@ class EksCluster(pulumi.ComponentResource):
             enabled_cluster_log_types=CONTROL_PLANE_LOGS,
             upgrade_policy=aws.eks.ClusterUpgradePolicyArgs(support_type="STANDARD"),
             tags=tags,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=attachments),
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[*attachments, *network_ready])),
         )
 
         self.oidc_issuer = self.cluster.identities.apply(lambda ids: ids[0]["oidcs"][0]["issuer"])

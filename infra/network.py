@@ -83,9 +83,13 @@ class Network(pulumi.ComponentResource):
             f"{name}-private", vpc_id=self.vpc.id, tags=tagged("private"),
             routes=[aws.ec2.RouteTableRouteArgs(cidr_block="0.0.0.0/0", nat_gateway_id=self.nat.id)],
             opts=child)
-        for az, subnet in self.private_subnets.items():
+        private_routes = [
             aws.ec2.RouteTableAssociation(f"{name}-private-{az}", subnet_id=subnet.id,
                                           route_table_id=private_rt.id, opts=child)
+            for az, subnet in self.private_subnets.items()
+        ]
+        # What nodes need before they can boot and pull images: a way out through the NAT gateway.
+        self.egress = [self.nat, private_rt, *private_routes]
 
         self.private_subnet_ids = [s.id for s in self.private_subnets.values()]
         self.register_outputs({"vpcId": self.vpc.id})

@@ -6,6 +6,7 @@ import pulumi_aws as aws
 
 from infra import nodes
 from infra.config import StackConfig
+from infra.resources import children_options
 
 
 def _efa_security_group(name: str, vpc_id, tags, opts) -> aws.ec2.SecurityGroup:
@@ -25,7 +26,7 @@ class SystemNodeGroup(pulumi.ComponentResource):
     def __init__(self, name: str, cfg: StackConfig, *, cluster_name, node_role_arn, subnet_ids,
                  opts: pulumi.ResourceOptions | None = None):
         super().__init__("raytrain:infra:SystemNodeGroup", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
+        child = children_options(self, opts)
         tags = cfg.resource_tags
         template = aws.ec2.LaunchTemplate(f"{name}-lt", **nodes.system_launch_template(tags), opts=child)
         self.node_group = aws.eks.NodeGroup(
@@ -53,7 +54,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
     def __init__(self, name: str, cfg: StackConfig, *, cluster_name, node_role_arn, vpc_id, subnet_id,
                  cluster_security_group_id, availability_zone: str, opts: pulumi.ResourceOptions | None = None):
         super().__init__("raytrain:infra:GpuNodeGroup", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
+        child = children_options(self, opts)
         tags = cfg.resource_tags
         self.efa_security_group = _efa_security_group(name, vpc_id, tags, child)
 

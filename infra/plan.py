@@ -19,6 +19,7 @@ import yaml
 from infra import offline
 from infra.config import ConfigError
 from infra.program import PlacementError
+from workloads.image import is_placeholder
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NOTICE = ("Offline plan: resources are declared under mocks; IDs, ARNs and cloud-assigned values are "
@@ -36,7 +37,21 @@ KEY_SETTINGS = {
     "aws:s3/bucket:Bucket": ("bucket", "bucketPrefix"),
     "kubernetes:helm.sh/v3:Release": ("chart", "version", "namespace"),
     "kubernetes:ray.io/v1:RayCluster": ("metadata.name",),
+    "pulumi-python:dynamic/raytrain:PinnedImage": ("image",),
 }
+K8S_OBJECT_FIELDS = ("apiVersion", "kind", "metadata", "spec", "data", "stringData", "type", "rules", "subjects",
+                     "roleRef", "automountServiceAccountToken")
+
+
+def _plain(value: Any) -> Any:
+    """Engine values as a person writes them: 2 rather than 2.0, no pickled providers."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items() if k != "__provider"}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
 
 
 def read_stack_file(stack: str, root: Path | None = None) -> dict[str, Any]:
@@ -63,13 +78,11 @@ def _get(inputs: dict, dotted: str):
 def _summary(resource: offline.Recorded) -> str:
     parts = []
     for key in KEY_SETTINGS.get(resource.type, ()):
-        value = _get(resource.inputs, key)
+        value = _plain(_get(resource.inputs, key))
         if value is None:
             continue
         if key == "networkInterfaces":
             value = f"{len(value)} ({', '.join(sorted({i.get('interfaceType', 'interface') for i in value}))})"
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
         parts.append(f"{key.split('.')[-1]}={value if isinstance(value, str) else json.dumps(value)}")
     return " ".join(parts)
 
@@ -98,8 +111,7 @@ def render_cost(cost: dict[str, float]) -> str:
 
 def kubernetes_objects(result: offline.PlanResult) -> list[dict]:
     """Every Kubernetes object the program declares, as the API server would receive it."""
-    return [{k: v for k, v in r.inputs.items() if k in ("apiVersion", "kind", "metadata", "spec", "data", "rules",
-                                                           "subjects", "roleRef", "stringData", "type")}
+    return [{k: _plain(v) for k, v in r.inputs.items() if k in K8S_OBJECT_FIELDS}
             for r in result.resources
             if r.type.startswith("kubernetes:") and "apiVersion" in r.inputs and "kind" in r.inputs]
 
@@ -107,7 +119,7 @@ def kubernetes_objects(result: offline.PlanResult) -> list[dict]:
 def helm_releases(result: offline.PlanResult) -> list[dict]:
     return [{"name": r.inputs.get("name", r.name), "chart": r.inputs.get("chart"), "version": r.inputs.get("version"),
              "repository": _get(r.inputs, "repositoryOpts.repo"), "namespace": r.inputs.get("namespace"),
-             "values": r.inputs.get("values", {})}
+             "values": _plain(r.inputs.get("values", {}))}
             for r in result.of_type("kubernetes:helm.sh/v3:Release")]
 
 
@@ -116,7 +128,7 @@ def write_out(result: offline.PlanResult, out: Path) -> list[Path]:
     written = [out / "resources.json"]
     written[0].write_text(json.dumps({
         "notice": NOTICE,
-        "resources": [{"type": r.type, "name": r.name, "inputs": r.inputs} for r in result.resources],
+        "resources": [{"type": r.type, "name": r.name, "inputs": _plain(r.inputs)} for r in result.resources],
         "outputs": {k: ("[secret]" if k == "kubeconfig" else v) for k, v in result.outputs.items()},
     }, indent=2, sort_keys=True, default=str))
     for subdir, docs, name_of in (
@@ -147,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     print(render_table(result))
     print()
     print(render_cost(result.outputs["estimatedCostPerHour"]))
+    if is_placeholder(result.outputs.get("dlcImage", "")):
+        print(f"\nDLC image: {result.outputs['dlcImage']}\n  (placeholder digest: `pulumi preview` resolves the "
+              "configured tag through the registry and keeps the digest in the stack state)")
     if args.out:
         written = write_out(result, args.out)
         print(f"\nWrote {len(written)} files to {args.out}/ (resources.json, kubernetes/, helm/)")

@@ -57,8 +57,8 @@ def main() -> dict[str, pulumi.Output]:
     network = Network("net", azs=choose_azs(region_azs, gpu_az), cluster_name=cfg.cluster_name,
                       tags=cfg.resource_tags, opts=with_provider)
 
-    eks = EksCluster("cluster", cfg, subnet_ids=network.private_subnet_ids,
-                     opts=pulumi.ResourceOptions(providers={"aws": provider}, depends_on=[network]))
+    eks = EksCluster("cluster", cfg, subnet_ids=network.private_subnet_ids, network_ready=network.egress,
+                     opts=with_provider)
     node_opts = pulumi.ResourceOptions(providers={"aws": provider},
                                        depends_on=[*eks.early_addons, *eks.node_role_attachments])
     system = SystemNodeGroup("system", cfg, cluster_name=eks.cluster.name, node_role_arn=eks.node_role.arn,

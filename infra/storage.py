@@ -6,6 +6,7 @@ import pulumi_aws as aws
 
 from infra import iam
 from infra.config import StackConfig
+from infra.resources import children_options
 
 ABORT_INCOMPLETE_UPLOADS_DAYS = 7
 
@@ -16,7 +17,7 @@ class CheckpointStore(pulumi.ComponentResource):
     def __init__(self, name: str, cfg: StackConfig, *, oidc_provider_arn, oidc_issuer_url,
                  opts: pulumi.ResourceOptions | None = None):
         super().__init__("raytrain:infra:CheckpointStore", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self)
+        child = children_options(self, opts)
         tags = cfg.resource_tags
         keep = cfg.retain_checkpoints_on_destroy
 

@@ -210,9 +210,6 @@ def test_nothing_is_created_before_the_image_is_pinned(run):
             assert reg.provider.startswith(aws_provider + "::"), reg.name
 
 
-@pytest.mark.xfail(strict=True, reason="AWS layer (infra/): a component's depends_on does not reach its children, "
-                   "so node groups wait neither for vpc-cni/kube-proxy nor the node role policies, and the cluster "
-                   "and node groups not for the NAT route; see the workloads report")
 def test_aws_layer_waits_for_addons_policies_and_nat_route(dev_run):
     run = dev_run
     for name in ("system-ng", "gpu-ng"):
