@@ -91,7 +91,10 @@ class _Findings:
 
 
 def _get(value: Any, *path: str | int, default: Any = None) -> Any:
+    """value[path[0]][path[1]]...; UNKNOWN as soon as an unknown value is met on the way."""
     for key in path:
+        if value is UNKNOWN:
+            return UNKNOWN
         if isinstance(key, int):
             if not isinstance(value, (list, tuple)) or key >= len(value):
                 return default
@@ -99,6 +102,14 @@ def _get(value: Any, *path: str | int, default: Any = None) -> Any:
             return default
         value = value[key]
     return value
+
+
+def _items(value: Any, path: str, found: "_Findings") -> list:
+    """The elements of a list property; an unknown list is noted and yields nothing."""
+    if value is UNKNOWN:
+        found.not_known(path)
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else []
 
 
 def _truthy(value: Any) -> bool:
@@ -195,11 +206,7 @@ def no_public_ip_on_nodes(resource_type: str, props: Mapping[str, Any], config: 
     """Nodes live in private subnets and reach the internet through the NAT gateway only."""
     found = _Findings()
     if resource_type == LAUNCH_TEMPLATE:
-        interfaces = props.get("networkInterfaces") or []
-        if interfaces is UNKNOWN:
-            found.not_known("networkInterfaces")
-            interfaces = []
-        for i, interface in enumerate(interfaces):
+        for i, interface in enumerate(_items(props.get("networkInterfaces"), "networkInterfaces", found)):
             value = _get(interface, "associatePublicIpAddress")
             if value is UNKNOWN:
                 found.not_known(f"networkInterfaces[{i}].associatePublicIpAddress")
@@ -295,11 +302,13 @@ def _is_ray_port(port: Any) -> bool:
     return number is not None and int(number) in RAY_PORTS
 
 
-def _service_is_ray(spec: Mapping[str, Any]) -> bool:
+def _service_is_ray(spec: Mapping[str, Any], found: _Findings) -> bool:
     selector = spec.get("selector")
-    if isinstance(selector, Mapping) and any(str(k).startswith("ray.io/") for k in selector):
+    if selector is UNKNOWN:
+        found.not_known("spec.selector")
+    elif isinstance(selector, Mapping) and any(str(k).startswith("ray.io/") for k in selector):
         return True
-    for port in spec.get("ports") or []:
+    for port in _items(spec.get("ports"), "spec.ports", found):
         if isinstance(port, Mapping) and any(_is_ray_port(port.get(k)) for k in ("port", "targetPort", "name")):
             return True
     return False
@@ -312,13 +321,14 @@ def _check_service(props: Mapping[str, Any], ray_namespaces: tuple[str, ...], fo
         return
     spec = spec if isinstance(spec, Mapping) else {}
     namespace = _namespace(props)
-    kind = spec.get("type", "ClusterIP")
+    if namespace is UNKNOWN:
+        found.not_known("metadata.namespace")
     in_ray_namespace = namespace in ray_namespaces
-    if kind is UNKNOWN or namespace is UNKNOWN:
-        found.not_known("spec.type" if kind is UNKNOWN else "metadata.namespace")
+    if not (in_ray_namespace or _service_is_ray(spec, found)):
         return
-    if not (in_ray_namespace or _service_is_ray(spec)):
-        return
+    kind = spec.get("type", "ClusterIP")
+    if kind is UNKNOWN:
+        found.not_known("spec.type")
     where = f"in the Ray namespace {namespace!r}" if in_ray_namespace else "selecting Ray pods or ports"
     if kind in EXPOSED_SERVICE_TYPES:
         found.fail(f"Service of type {kind} {where}: {WHY_RAY}")
@@ -326,21 +336,25 @@ def _check_service(props: Mapping[str, Any], ray_namespaces: tuple[str, ...], fo
         found.fail(f"Service with externalIPs {where}: {WHY_RAY}")
 
 
-def _ingress_backends(spec: Mapping[str, Any]) -> Iterable[tuple[Any, Any]]:
+def _ingress_backends(spec: Mapping[str, Any], found: _Findings) -> Iterable[tuple[Any, Any]]:
     """(service name, port number or name) of every backend, v1 and v1beta1 spellings."""
     backends = [spec.get("defaultBackend"), spec.get("backend")]
-    for rule in spec.get("rules") or []:
-        for path in _get(rule, "http", "paths", default=[]) or []:
+    for i, rule in enumerate(_items(spec.get("rules"), "spec.rules", found)):
+        for path in _items(_get(rule, "http", "paths"), f"spec.rules[{i}].http.paths", found):
             backends.append(_get(path, "backend"))
     for backend in backends:
+        if backend is UNKNOWN:
+            found.not_known("spec...backend")
         if not isinstance(backend, Mapping):
             continue
         service = backend.get("service")
         if isinstance(service, Mapping):
-            port = service.get("port") or {}
+            port = service.get("port")
             yield service.get("name"), port.get("number", port.get("name")) if isinstance(port, Mapping) else port
         elif "serviceName" in backend:
             yield backend.get("serviceName"), backend.get("servicePort")
+        elif service is UNKNOWN:
+            found.not_known("spec...backend.service")
 
 
 def _check_ingress(props: Mapping[str, Any], ray_namespaces: tuple[str, ...], found: _Findings) -> None:
@@ -355,31 +369,37 @@ def _check_ingress(props: Mapping[str, Any], ray_namespaces: tuple[str, ...], fo
     if spec is UNKNOWN:
         found.not_known("spec")
         return
-    for name, port in _ingress_backends(spec if isinstance(spec, Mapping) else {}):
+    for name, port in _ingress_backends(spec if isinstance(spec, Mapping) else {}, found):
         if (isinstance(name, str) and name.endswith("-head-svc")) or _is_ray_port(port):
             found.fail(f"Ingress backend {name}:{port} is a Ray head service or port: {WHY_RAY}")
+        elif name is UNKNOWN or port is UNKNOWN:
+            found.not_known("spec...backend.service")
 
 
 def _check_ray_cluster_spec(spec: Any, where: str, found: _Findings) -> None:
     if spec is UNKNOWN:
         found.not_known(where)
         return
-    head = _get(spec, "headGroupSpec", default={}) or {}
-    service_type = _get(head, "serviceType")
-    if service_type is UNKNOWN:
-        found.not_known(f"{where}.headGroupSpec.serviceType")
-    elif service_type in EXPOSED_SERVICE_TYPES:
-        found.fail(f"{where}.headGroupSpec.serviceType is {service_type}: {WHY_RAY}")
-    head_service_type = _get(head, "headService", "spec", "type")
-    if head_service_type in EXPOSED_SERVICE_TYPES:
-        found.fail(f"{where}.headGroupSpec.headService.spec.type is {head_service_type}: {WHY_RAY}")
-    if _truthy(_get(head, "enableIngress")):
-        found.fail(f"{where}.headGroupSpec.enableIngress is true: KubeRay creates an Ingress to the head; {WHY_RAY}")
+    head = f"{where}.headGroupSpec"
+    checks = {
+        "serviceType": lambda v: v in EXPOSED_SERVICE_TYPES,
+        "headService.spec.type": lambda v: v in EXPOSED_SERVICE_TYPES,
+        "enableIngress": _truthy,
+    }
+    for path, exposes in checks.items():
+        value = _get(spec, "headGroupSpec", *path.split("."))
+        if value is UNKNOWN:
+            found.not_known(f"{head}.{path}")
+        elif exposes(value):
+            also = " (KubeRay creates an Ingress to the head)" if path == "enableIngress" else ""
+            found.fail(f"{head}.{path} is {'true' if value is True else value}{also}: {WHY_RAY}")
 
 
-def _exposing_values(values: Any, path: str = "values") -> Iterable[str]:
+def _exposing_values(values: Any, found: _Findings, path: str = "values") -> Iterable[str]:
     """Paths in Helm values that ask for a LoadBalancer/NodePort service or an ingress."""
-    if isinstance(values, Mapping):
+    if values is UNKNOWN:
+        found.not_known(path)
+    elif isinstance(values, Mapping):
         for key, value in values.items():
             here = f"{path}.{key}"
             if key in ("type", "serviceType") and value in EXPOSED_SERVICE_TYPES:
@@ -389,10 +409,10 @@ def _exposing_values(values: Any, path: str = "values") -> Iterable[str]:
             elif key == "ingress" and isinstance(value, Mapping) and _truthy(value.get("enabled")):
                 yield f"{here}.enabled=true"
             else:
-                yield from _exposing_values(value, here)
+                yield from _exposing_values(value, found, here)
     elif isinstance(values, list):
         for i, value in enumerate(values):
-            yield from _exposing_values(value, f"{path}[{i}]")
+            yield from _exposing_values(value, found, f"{path}[{i}]")
 
 
 def ray_not_exposed(resource_type: str, props: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
@@ -405,15 +425,19 @@ def ray_not_exposed(resource_type: str, props: Mapping[str, Any], config: Mappin
         _check_ingress(props, ray_namespaces, found)
     elif resource_type in RAY_CLUSTER_SPECS:
         path = RAY_CLUSTER_SPECS[resource_type]
-        _check_ray_cluster_spec(_get(props, *path, default={}), ".".join(path), found)
+        _check_ray_cluster_spec(_get(props, *path), ".".join(path), found)
         if resource_type == "kubernetes:ray.io/v1:RayService":
             serve_type = _get(props, "spec", "serveService", "spec", "type")
-            if serve_type in EXPOSED_SERVICE_TYPES:
+            if serve_type is UNKNOWN:
+                found.not_known("spec.serveService.spec.type")
+            elif serve_type in EXPOSED_SERVICE_TYPES:
                 found.fail(f"spec.serveService.spec.type is {serve_type}: {WHY_RAY}")
     elif resource_type == HELM_RELEASE:
         namespace, chart = props.get("namespace"), props.get("chart")
+        if namespace is UNKNOWN or chart is UNKNOWN:
+            found.not_known("namespace" if namespace is UNKNOWN else "chart")
         if namespace in ray_namespaces or (isinstance(chart, str) and "ray" in chart.lower()):
-            for path in _exposing_values(props.get("values") or {}):
+            for path in _exposing_values(props.get("values") or {}, found):
                 found.fail(f"Helm release {props.get('name') or chart!r} sets {path}: {WHY_RAY}")
     return found.result()
 
@@ -425,9 +449,9 @@ CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
 
 
 def _pod_specs(value: Any, path: str) -> Iterable[tuple[str, Mapping[str, Any]]]:
-    """Every mapping that holds a `containers` list, wherever it sits (Pod, Deployment, CronJob, RayCluster...)."""
+    """Every mapping that holds `containers`, wherever it sits (Pod, Deployment, CronJob, RayCluster...)."""
     if isinstance(value, Mapping):
-        if isinstance(value.get("containers"), list):
+        if "containers" in value:
             yield path, value
         for key, child in value.items():
             yield from _pod_specs(child, f"{path}.{key}" if path else str(key))
@@ -443,11 +467,7 @@ def images_by_digest(resource_type: str, props: Mapping[str, Any], config: Mappi
         return []
     for path, pod in _pod_specs(props, ""):
         for key in CONTAINER_LISTS:
-            containers = pod.get(key) or []
-            if containers is UNKNOWN:
-                found.not_known(f"{path}.{key}")
-                continue
-            for i, container in enumerate(containers):
+            for i, container in enumerate(_items(pod.get(key), f"{path}.{key}", found)):
                 where = f"{path}.{key}[{i}]"
                 image = _get(container, "image")
                 if image is UNKNOWN:
@@ -476,35 +496,71 @@ def _refers(holder: Resource, prop: str, value: Any, target: Resource) -> bool:
     return bool(target.urn) and target.urn in (holder.deps.get(prop) or ())
 
 
-def _resolve(holder: Resource, prop: str, values: Sequence[Any], candidates: Sequence[Resource]) -> list[Resource]:
-    return [c for c in candidates if any(_refers(holder, prop, v, c) for v in values)]
+def _resolve(holder: Resource, prop: str, values: Sequence[Any], candidates: Sequence[Resource],
+             found: _Findings, path: str) -> list[Resource]:
+    """The candidates `values` refer to; an unknown value that resolves to none of them is noted."""
+    matched = [c for c in candidates if any(_refers(holder, prop, v, c) for v in values)]
+    if not matched and any(v is UNKNOWN for v in values):
+        found.not_known(path)
+    return matched
 
 
-def _self_rule_directions(group: Resource, resources: Sequence[Resource]) -> set[str]:
-    """Directions ('ingress', 'egress') in which `group` allows all traffic to/from itself."""
-    directions: set[str] = set()
+def _verdict(*conditions: Any) -> bool | None:
+    """True if all hold, False if one fails, None if an unknown value leaves it open."""
+    if any(c is False for c in conditions):
+        return False
+    return None if any(c is None for c in conditions) else True
+
+
+def _equals(value: Any, *allowed: str) -> bool | None:
+    return None if value is UNKNOWN else str(value) in allowed
+
+
+def _is(holder: Resource, prop: str, group: Resource) -> bool | None:
+    value = holder.props.get(prop)
+    if _refers(holder, prop, value, group):
+        return True
+    # An unknown ID whose dependencies name other resources is not this group's.
+    return None if value is UNKNOWN and not holder.deps.get(prop) else False
+
+
+def _self_rules(group: Resource, resources: Sequence[Resource]) -> tuple[set[str], set[str]]:
+    """Directions in which `group` surely allows all traffic to/from itself, and those an unknown value may allow."""
+    sure: set[str] = set()
+    maybe: set[str] = set()
+
+    def note(direction: str, verdict: bool | None) -> None:
+        if verdict:
+            sure.add(direction)
+        elif verdict is None:
+            maybe.add(direction)
+
     for direction in ("ingress", "egress"):
-        for rule in group.props.get(direction) or []:
-            if not isinstance(rule, Mapping) or str(rule.get("protocol")) not in ALL_PROTOCOLS:
+        inline = group.props.get(direction)
+        if inline is UNKNOWN:
+            maybe.add(direction)
+            continue
+        for rule in inline or []:
+            if rule is UNKNOWN or not isinstance(rule, Mapping):
+                note(direction, None if rule is UNKNOWN else False)
                 continue
-            if _truthy(rule.get("self")) or any(_refers(group, direction, sg, group)
-                                                for sg in rule.get("securityGroups") or []):
-                directions.add(direction)
+            groups = rule.get("securityGroups")
+            itself = (True if _truthy(rule.get("self")) or any(_refers(group, direction, g, group) for g in groups or [])
+                      else None if UNKNOWN in (rule.get("self"), groups) else False)
+            note(direction, _verdict(_equals(rule.get("protocol"), *ALL_PROTOCOLS), itself))
     for rule in resources:
         props = rule.props
         if rule.type in (VPC_INGRESS, VPC_EGRESS):
             direction = "ingress" if rule.type == VPC_INGRESS else "egress"
-            if (str(props.get("ipProtocol")) in ALL_PROTOCOLS
-                    and _refers(rule, "securityGroupId", props.get("securityGroupId"), group)
-                    and _refers(rule, "referencedSecurityGroupId", props.get("referencedSecurityGroupId"), group)):
-                directions.add(direction)
+            note(direction, _verdict(_equals(props.get("ipProtocol"), *ALL_PROTOCOLS), _is(rule, "securityGroupId", group),
+                                     _is(rule, "referencedSecurityGroupId", group)))
         elif rule.type == SG_RULE:
-            if (props.get("type") in ("ingress", "egress") and str(props.get("protocol")) in ALL_PROTOCOLS
-                    and _refers(rule, "securityGroupId", props.get("securityGroupId"), group)
-                    and (_truthy(props.get("self"))
-                         or _refers(rule, "sourceSecurityGroupId", props.get("sourceSecurityGroupId"), group))):
-                directions.add(props["type"])
-    return directions
+            kind = props.get("type")
+            itself = True if _truthy(props.get("self")) else _is(rule, "sourceSecurityGroupId", group)
+            verdict = _verdict(_equals(props.get("protocol"), *ALL_PROTOCOLS), _is(rule, "securityGroupId", group), itself)
+            for direction in ("ingress", "egress") if kind is UNKNOWN else (kind,) if kind in ("ingress", "egress") else ():
+                note(direction, None if kind is UNKNOWN and verdict is not False else verdict)
+    return sure, maybe - sure
 
 
 # --- rule 6: EFA security-group self rules ------------------------------------------------
@@ -517,37 +573,47 @@ def efa_security_group_self_rules(resources: Sequence[Resource], config: Mapping
     """
     found = _Findings()
     groups = [r for r in resources if r.type == SECURITY_GROUP]
+    both = {"ingress", "egress"}
     for template in (r for r in resources if r.type == LAUNCH_TEMPLATE):
-        interfaces = template.props.get("networkInterfaces") or []
-        if interfaces is UNKNOWN:
-            found.not_known(f"{template.name}.networkInterfaces")
-            continue
-        for i, interface in enumerate(interfaces):
-            if not isinstance(interface, Mapping) or interface.get("interfaceType") not in ("efa", "efa-only"):
+        lacking: dict[str, tuple[Resource, set[str], list[int]]] = {}
+        outside: dict[tuple, list[int]] = {}
+        for i, interface in enumerate(_items(template.props.get("networkInterfaces"),
+                                             f"{template.name}.networkInterfaces", found)):
+            where = f"{template.name}.networkInterfaces[{i}]"
+            kind = _get(interface, "interfaceType")
+            if kind is UNKNOWN:
+                found.not_known(f"{where}.interfaceType")
+            if kind not in ("efa", "efa-only"):
                 continue
-            values = interface.get("securityGroups") or []
-            if values is UNKNOWN:
-                values = [UNKNOWN]
-            attached = _resolve(template, "networkInterfaces", values, groups)
-            complete = [g for g in attached if _self_rule_directions(g, resources) == {"ingress", "egress"}]
-            if complete:
+            values = _get(interface, "securityGroups")
+            values = [UNKNOWN] if values is UNKNOWN else list(values or [])
+            attached = _resolve(template, "networkInterfaces", values, groups, found, f"{where}.securityGroups")
+            rules_of = {g.name: _self_rules(g, resources) for g in attached}
+            if any(sure == both for sure, _ in rules_of.values()):
                 continue
-            if not attached and any(v is UNKNOWN for v in values):
-                found.not_known(f"{template.name}.networkInterfaces[{i}].securityGroups")
-                continue
-            if not attached:
-                found.fail(Violation(
-                    f"{template.name}.networkInterfaces[{i}] (EFA) uses only security groups not declared in this "
-                    f"stack ({', '.join(map(str, values)) or 'none'}), so its self rules cannot be checked; attach a "
-                    "group of this stack with all-traffic ingress and egress rules referencing itself", template.urn))
-                continue
-            for group in attached:
-                missing = {"ingress", "egress"} - _self_rule_directions(group, resources)
-                found.fail(Violation(
-                    f"security group {group.name} on {template.name}.networkInterfaces[{i}] (EFA) lacks the "
-                    f"all-traffic {' and '.join(sorted(missing))} rule referencing itself; EFA needs both directions "
-                    "(0.0.0.0/0 egress does not cover the outbound self rule)", group.urn or template.urn))
+            if any(sure | maybe == both for sure, maybe in rules_of.values()):
+                found.not_known(f"{where}: the self rules of its security groups")
+            elif not attached:
+                if all(v is not UNKNOWN for v in values):
+                    outside.setdefault(tuple(map(str, values)), []).append(i)
+            else:
+                for group in attached:
+                    lacking.setdefault(group.name, (group, both - rules_of[group.name][0], []))[2].append(i)
+        for values, indices in outside.items():
+            found.fail(Violation(
+                f"{template.name} EFA interfaces {_span(indices)} use only security groups not declared in this stack "
+                f"({', '.join(values) or 'none'}), so their self rules cannot be checked; attach a group of this "
+                "stack with all-traffic ingress and egress rules referencing itself", template.urn))
+        for group, missing, indices in lacking.values():
+            found.fail(Violation(
+                f"security group {group.name} on {template.name} EFA interfaces {_span(indices)} lacks the "
+                f"all-traffic {' and '.join(sorted(missing))} rule referencing itself; EFA needs both directions "
+                "(0.0.0.0/0 egress does not cover the outbound self rule)", group.urn or template.urn))
     return found.result()
+
+
+def _span(indices: list[int]) -> str:
+    return f"[{indices[0]}]" if len(indices) == 1 else f"[{indices[0]}..{indices[-1]}] ({len(indices)})"
 
 
 # --- rule 7: GPU nodes per stack --------------------------------------------------------
@@ -556,24 +622,27 @@ GPU_INSTANCE = re.compile(r"^(p|g|gr)\d+[a-z0-9-]*\.")
 GPU_AMI = re.compile(r"NVIDIA|GPU", re.IGNORECASE)
 
 
-def _is_gpu(instance_types: Sequence[Any], ami_type: Any) -> bool:
-    return (any(isinstance(t, str) and GPU_INSTANCE.match(t) for t in instance_types)
-            or (isinstance(ami_type, str) and bool(GPU_AMI.search(ami_type))))
+def _is_gpu(instance_types: Sequence[Any], ami_type: Any) -> bool | None:
+    if (any(isinstance(t, str) and GPU_INSTANCE.match(t) for t in instance_types)
+            or (isinstance(ami_type, str) and GPU_AMI.search(ami_type))):
+        return True
+    return None if UNKNOWN in (*instance_types, ami_type) else False
 
 
 def _gpu_node_groups(resources: Sequence[Resource], found: _Findings) -> Iterable[tuple[Resource, int]]:
     templates = [r for r in resources if r.type == LAUNCH_TEMPLATE]
     for r in resources:
         if r.type in (NODE_GROUP, EKS_MANAGED_NODE_GROUP):
-            types = r.props.get("instanceTypes") or []
-            if types is UNKNOWN:
+            types = _items(r.props.get("instanceTypes"), f"{r.name}.instanceTypes", found)
+            if not types and r.props.get("instanceTypes") is not UNKNOWN:
+                launch = _get(r.props, "launchTemplate", "id")
+                ids = [UNKNOWN] if launch is UNKNOWN else [launch]
+                types = [t.props.get("instanceType")
+                         for t in _resolve(r, "launchTemplate", ids, templates, found, f"{r.name}.launchTemplate")]
+            gpu = _is_gpu(types, r.props.get("amiType"))
+            if gpu is None:
                 found.not_known(f"{r.name}.instanceTypes")
-                continue
-            if not types:
-                launch = r.props.get("launchTemplate") or {}
-                ids = [launch.get("id")] if isinstance(launch, Mapping) else [UNKNOWN]
-                types = [t.props.get("instanceType") for t in _resolve(r, "launchTemplate", ids, templates)]
-            if not _is_gpu(types, r.props.get("amiType")):
+            if not gpu:
                 continue
             size = _get(r.props, "scalingConfig", "maxSize")
             number = _number(size)
@@ -583,8 +652,12 @@ def _gpu_node_groups(resources: Sequence[Resource], found: _Findings) -> Iterabl
                 found.fail(Violation(f"GPU node group {r.name} has no scalingConfig.maxSize; set it", r.urn))
             else:
                 yield r, int(number)
-        elif r.type == INSTANCE and _is_gpu([r.props.get("instanceType")], None):
-            yield r, 1
+        elif r.type == INSTANCE:
+            gpu = _is_gpu([r.props.get("instanceType")], None)
+            if gpu is None:
+                found.not_known(f"{r.name}.instanceType")
+            elif gpu:
+                yield r, 1
 
 
 def max_gpu_nodes(resources: Sequence[Resource], config: Mapping[str, Any]) -> list[Violation]:
@@ -609,10 +682,9 @@ def nodes_in_private_subnets(resources: Sequence[Resource], config: Mapping[str,
     found = _Findings()
     subnets = [r for r in resources if r.type == SUBNET]
     for group in (r for r in resources if r.type in (NODE_GROUP, EKS_MANAGED_NODE_GROUP)):
-        ids = group.props.get("subnetIds") or []
-        if ids is UNKNOWN:
-            ids = [UNKNOWN]
-        for subnet in _resolve(group, "subnetIds", ids, subnets):
+        ids = group.props.get("subnetIds")
+        ids = [UNKNOWN] if ids is UNKNOWN else list(ids or [])
+        for subnet in _resolve(group, "subnetIds", ids, subnets, found, f"{group.name}.subnetIds"):
             value = subnet.props.get("mapPublicIpOnLaunch")
             if value is UNKNOWN:
                 found.not_known(f"{subnet.name}.mapPublicIpOnLaunch")

@@ -75,3 +75,32 @@ def evaluate(plan: Plan, config: dict[str, Any], *, extra: list[offline.Recorded
 @pytest.fixture(scope="session")
 def plans() -> dict[str, Plan]:
     return {stack: plan_stack(stack) for stack in STACKS}
+
+
+def first_preview(resources: list[rules.Resource]) -> list[rules.Resource]:
+    """The same stack as a first `pulumi preview` shows it: no resource has an ID yet, every property
+    holding one is unknown, and the engine's property dependencies say which resource it came from."""
+    urns_by_id: dict[str, list[str]] = {}
+    for r in resources:
+        urns_by_id.setdefault(r.id, []).append(r.urn)
+
+    def hide(value: Any, deps: set[str]) -> Any:
+        if isinstance(value, str) and value in urns_by_id:
+            deps.update(urns_by_id[value])
+            return rules.UNKNOWN
+        if isinstance(value, dict):
+            return {k: hide(v, deps) for k, v in value.items()}
+        if isinstance(value, list):
+            return [hide(v, deps) for v in value]
+        return value
+
+    previewed = []
+    for r in resources:
+        props, deps = {}, {}
+        for key, value in r.props.items():
+            found: set[str] = set()
+            props[key] = hide(value, found)
+            if found:
+                deps[key] = tuple(sorted(found))
+        previewed.append(rules.Resource(r.type, r.name, props, r.urn, None, deps))
+    return previewed
