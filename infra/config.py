@@ -29,6 +29,13 @@ DEFAULT_DLC_IMAGE = "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v
 MIN_RAY_VERSION = (2, 52, 0)
 MIN_KUBERAY_VERSION = (1, 5, 1)  # RayCluster spec.authOptions; older CRDs drop the field and leave Ray unauthenticated
 NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
+# Cluster Autoscaler image per Kubernetes minor: CA is built and tested against one minor, and
+# the chart's default image lags (chart 9.59.0, the newest confirmed, still ships v1.35.0).
+# Newest patch releases as of 2026-07-23 (github.com/kubernetes/autoscaler/releases).
+CLUSTER_AUTOSCALER_IMAGE_TAGS = {"1.34": "v1.34.5", "1.35": "v1.35.2", "1.36": "v1.36.1"}
+DEFAULT_CLUSTER_AUTOSCALER_CHART = "9.59.0"
+MIN_CLUSTER_AUTOSCALER_CHART = (9, 47, 0)
+SCALE_TO_ZERO_KEYS = ("gpuIdleTimeoutMinutes", "clusterAutoscalerVersion", "clusterAutoscalerImageTag")
 
 _DIGEST_IMAGE = re.compile(r"^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+@sha256:[0-9a-f]{64}$")
 _TAG_IMAGE = re.compile(r"^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
@@ -38,6 +45,7 @@ _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _ROLE_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$")
 _RESERVATION = re.compile(r"^cr-[0-9a-f]{17}$")
 _SEMVER = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)$")
+_CA_IMAGE_TAG = re.compile(r"^v(\d+)\.(\d+)\.(\d+)(@sha256:[0-9a-f]{64})?$")
 
 
 class ConfigError(ValueError):
@@ -75,6 +83,10 @@ class StackConfig:
     ray_namespace: str
     checkpoint_bucket: str | None
     retain_checkpoints_on_destroy: bool
+    scale_to_zero: bool = False
+    gpu_idle_timeout_minutes: int = 10
+    cluster_autoscaler_version: str = DEFAULT_CLUSTER_AUTOSCALER_CHART
+    cluster_autoscaler_image_tag: str = CLUSTER_AUTOSCALER_IMAGE_TAGS[SUPPORTED_KUBERNETES_VERSIONS[-1]]
     tags: Mapping[str, str] = field(default_factory=dict)
 
     ray_cluster_name = "raytrain"
@@ -254,14 +266,15 @@ def _tags(key, value, problems):
 
 
 def _version(minimum: tuple[int, int, int] | None = None,
-             why: str = "the first version with token authentication; use the version of the DLC image (2.58.0)"):
+             why: str = "the first version with token authentication; use the version of the DLC image (2.58.0)",
+             example: str = "2.58.0"):
     def parse(key, value, problems):
         text = _as_str(key, value, problems)
         if text is None:
             return None
         match = _SEMVER.match(text)
         if not match:
-            problems.append(f"{key}: {text!r} is not a version; write it as MAJOR.MINOR.PATCH, e.g. 2.58.0")
+            problems.append(f"{key}: {text!r} is not a version; write it as MAJOR.MINOR.PATCH, e.g. {example}")
             return None
         if minimum and tuple(int(g) for g in match.groups()) < minimum:
             problems.append(
@@ -269,6 +282,18 @@ def _version(minimum: tuple[int, int, int] | None = None,
             return None
         return text
     return parse
+
+
+def _ca_image_tag(key, value, problems):
+    text = _as_str(key, value, problems)
+    if text is None:
+        return None
+    if not _CA_IMAGE_TAG.match(text):
+        problems.append(
+            f"{key}: {text!r} is not a Cluster Autoscaler image tag; write it as vMAJOR.MINOR.PATCH, e.g. "
+            f"{CLUSTER_AUTOSCALER_IMAGE_TAGS[SUPPORTED_KUBERNETES_VERSIONS[-1]]}, optionally followed by @sha256:<64 hex>")
+        return None
+    return text
 
 
 def _image(key, value, problems):
@@ -313,6 +338,18 @@ KEYS: dict[str, _Key] = {k.name: k for k in (
          "checkpoint bucket name; default generated"),
     _Key("retainCheckpointsOnDestroy", True, _as_bool, "protect the checkpoint bucket from pulumi destroy"),
     _Key("tags", MappingProxyType({}), _tags, "tags applied to every AWS resource that takes tags"),
+    _Key("scaleToZero", False, _as_bool,
+         "GPU workers and GPU nodes scale to zero when idle (KubeRay autoscaler + Cluster Autoscaler)"),
+    _Key("gpuIdleTimeoutMinutes", 10, _as_int(1, 1440),
+         "with scaleToZero: minutes a Ray GPU worker may sit idle before it is removed"),
+    _Key("clusterAutoscalerVersion", DEFAULT_CLUSTER_AUTOSCALER_CHART, _version(
+        MIN_CLUSTER_AUTOSCALER_CHART,
+        "the first cluster-autoscaler chart whose ClusterRole lets Cluster Autoscaler >= 1.32 watch VolumeAttachments; "
+        f"with an older chart the autoscaler runs but never scales (kubernetes/autoscaler#7663). Use "
+        f"{DEFAULT_CLUSTER_AUTOSCALER_CHART}", example=DEFAULT_CLUSTER_AUTOSCALER_CHART),
+         "with scaleToZero: cluster-autoscaler Helm chart version"),
+    _Key("clusterAutoscalerImageTag", None, _ca_image_tag,
+         "with scaleToZero: Cluster Autoscaler image tag (optionally @sha256:...); default follows kubernetesVersion"),
 )}
 
 
@@ -358,6 +395,7 @@ def load(raw: Mapping[str, Any], *, stack: str, project: str = PROJECT) -> Stack
             "unless the reservation was made in that placement group; set placementGroup to false")
     if values["placementGroup"] is None:
         values["placementGroup"] = reservation is None
+    _check_scale_to_zero(values, ours, prefix, problems)
 
     if problems:
         raise ConfigError(problems)
@@ -387,8 +425,37 @@ def load(raw: Mapping[str, Any], *, stack: str, project: str = PROJECT) -> Stack
         ray_namespace=values["rayNamespace"],
         checkpoint_bucket=values["checkpointBucket"],
         retain_checkpoints_on_destroy=values["retainCheckpointsOnDestroy"],
+        scale_to_zero=values["scaleToZero"],
+        gpu_idle_timeout_minutes=values["gpuIdleTimeoutMinutes"],
+        cluster_autoscaler_version=values["clusterAutoscalerVersion"],
+        cluster_autoscaler_image_tag=(values["clusterAutoscalerImageTag"]
+                                      or CLUSTER_AUTOSCALER_IMAGE_TAGS[values["kubernetesVersion"]]),
         tags=values["tags"],
     )
+
+
+def _check_scale_to_zero(values: dict[str, Any], ours: Mapping[str, Any], prefix: str, problems: list[str]) -> None:
+    """Settings that only mean something together, or that would defeat the point of scaling to zero."""
+    if values["scaleToZero"] is None:
+        return
+    if not values["scaleToZero"]:
+        for name in SCALE_TO_ZERO_KEYS:
+            if ours.get(name) is not None:
+                problems.append(f"{prefix}{name}: has no effect unless {prefix}scaleToZero is true; "
+                                f"set scaleToZero to true or remove {name}")
+        return
+    if values["capacityReservationId"]:
+        problems.append(
+            f"{prefix}scaleToZero: a capacity reservation (capacityReservationId) bills its instances whether they "
+            "run or not, so scaling the GPU nodes to zero saves nothing; remove the reservation or set scaleToZero "
+            "to false")
+    tag, kubernetes = values["clusterAutoscalerImageTag"], values["kubernetesVersion"]
+    match = _CA_IMAGE_TAG.match(tag) if tag else None
+    if match and kubernetes and f"{match.group(1)}.{match.group(2)}" != kubernetes:
+        problems.append(
+            f"{prefix}clusterAutoscalerImageTag: {tag} is Cluster Autoscaler {match.group(1)}.{match.group(2)}, "
+            f"but kubernetesVersion is {kubernetes}; the autoscaler's minor version must match the cluster's, e.g. "
+            f"{CLUSTER_AUTOSCALER_IMAGE_TAGS[kubernetes]}")
 
 
 def from_pulumi() -> StackConfig:

@@ -101,6 +101,23 @@ BAD = [
     ({"tags": "not-a-map"}, "tags", "not a dict"),
     ({"ncclDebug": "LOUD"}, "ncclDebug", "INFO"),
     ({"gpuNodeTyp": "g6.12xlarge"}, "gpuNodeTyp", "did you mean raytrain-eks:gpuNodeType"),
+    ({"scaleToZero": "sometimes"}, "scaleToZero", "true or false"),
+    ({"scaleToZero": True, "capacityReservationId": "cr-0123456789abcdef0", "placementGroup": False},
+     "scaleToZero", "bills its instances whether they run or not"),
+    ({"scaleToZero": True, "gpuIdleTimeoutMinutes": 0}, "gpuIdleTimeoutMinutes", "out of range"),
+    ({"scaleToZero": True, "gpuIdleTimeoutMinutes": "ten"}, "gpuIdleTimeoutMinutes", "not a whole number"),
+    ({"gpuIdleTimeoutMinutes": 5}, "gpuIdleTimeoutMinutes", "no effect unless raytrain-eks:scaleToZero is true"),
+    ({"scaleToZero": True, "clusterAutoscalerVersion": "latest"}, "clusterAutoscalerVersion", "e.g. 9.59.0"),
+    ({"scaleToZero": True, "clusterAutoscalerVersion": "9.43.1"}, "clusterAutoscalerVersion", "never scales"),
+    ({"clusterAutoscalerVersion": "9.59.0"}, "clusterAutoscalerVersion", "no effect unless"),
+    ({"scaleToZero": True, "clusterAutoscalerImageTag": "1.36.1"}, "clusterAutoscalerImageTag", "vMAJOR.MINOR.PATCH"),
+    ({"scaleToZero": True, "clusterAutoscalerImageTag": "v1.36.1@sha256:abc"}, "clusterAutoscalerImageTag",
+     "@sha256:<64 hex>"),
+    ({"scaleToZero": True, "clusterAutoscalerImageTag": "v1.35.2"}, "clusterAutoscalerImageTag",
+     "minor version must match the cluster's, e.g. v1.36.1"),
+    ({"scaleToZero": True, "kubernetesVersion": "1.34", "clusterAutoscalerImageTag": "v1.36.1"},
+     "clusterAutoscalerImageTag", "e.g. v1.34.5"),
+    ({"scaleToZer": True}, "scaleToZer", "did you mean raytrain-eks:scaleToZero"),
 ]
 
 
