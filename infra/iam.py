@@ -65,3 +65,30 @@ def deny_insecure_transport(bucket_arn: str) -> str:
             "Condition": {"Bool": {"aws:SecureTransport": "false"}},
         }],
     })
+
+
+def cluster_autoscaler_policy(cluster_name: str) -> str:
+    """Read what the Cluster Autoscaler needs to plan; resize and terminate only this cluster's node groups.
+
+    The write actions are limited by the ASG tag k8s.io/cluster-autoscaler/<cluster>=owned, which
+    only this stack's node groups carry, so the role cannot resize another cluster's groups.
+    """
+    return json.dumps({
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Sid": "DescribeNodeGroups", "Effect": "Allow",
+             "Action": ["autoscaling:DescribeAutoScalingGroups", "autoscaling:DescribeAutoScalingInstances",
+                        "autoscaling:DescribeLaunchConfigurations", "autoscaling:DescribeScalingActivities",
+                        "autoscaling:DescribeTags", "ec2:DescribeImages", "ec2:DescribeInstanceTypes",
+                        "ec2:DescribeLaunchTemplateVersions", "ec2:GetInstanceTypesFromInstanceRequirements",
+                        "eks:DescribeNodegroup"],
+             "Resource": "*"},
+            {"Sid": "ResizeOwnNodeGroupsOnly", "Effect": "Allow",
+             "Action": ["autoscaling:SetDesiredCapacity", "autoscaling:TerminateInstanceInAutoScalingGroup"],
+             "Resource": "*",
+             "Condition": {"StringEquals": {
+                 f"aws:ResourceTag/k8s.io/cluster-autoscaler/{cluster_name}": "owned",
+                 "aws:ResourceTag/k8s.io/cluster-autoscaler/enabled": "true",
+             }}},
+        ],
+    })

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pulumi
 import pulumi_aws as aws
 
-from infra import nodes
+from infra import autoscaling, nodes
 from infra.config import StackConfig
 from infra.resources import children_options
 
@@ -80,14 +80,25 @@ class GpuNodeGroup(pulumi.ComponentResource):
             instance_types=[cfg.gpu_node_type],
             ami_type="AL2023_x86_64_NVIDIA",
             capacity_type=cfg.capacity_type,
-            labels=nodes.GPU_LABELS,
+            labels=autoscaling.gpu_labels(cfg),
             taints=[aws.eks.NodeGroupTaintArgs(**nodes.GPU_TAINT)],
             launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
                 id=self.launch_template.id, version=self.launch_template.latest_version.apply(str)),
-            scaling_config=aws.eks.NodeGroupScalingConfigArgs(
-                desired_size=cfg.gpu_node_count, min_size=cfg.gpu_node_count, max_size=cfg.gpu_node_count),
+            scaling_config=aws.eks.NodeGroupScalingConfigArgs(**autoscaling.gpu_scaling(cfg)),
             update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
-            tags=tags,
-            opts=child,
+            tags=autoscaling.gpu_node_group_tags(cfg),
+            opts=pulumi.ResourceOptions.merge(
+                child, pulumi.ResourceOptions(ignore_changes=autoscaling.gpu_ignore_changes(cfg))),
         )
+
+        # EKS keeps node-group tags off the Auto Scaling Group it creates; the Cluster Autoscaler reads the ASG.
+        self.asg_name = self.node_group.resources.apply(lambda groups: groups[0].autoscaling_groups[0].name)
+        self.asg_tags = [
+            aws.autoscaling.Tag(
+                f"{name}-asg-{autoscaling.tag_resource_name(key)}",
+                autoscaling_group_name=self.asg_name,
+                tag=aws.autoscaling.TagTagArgs(key=key, value=value, propagate_at_launch=False),
+                opts=child)
+            for key, value in autoscaling.asg_tags(cfg).items()
+        ]
         self.register_outputs({"nodeGroupName": self.node_group.node_group_name})

@@ -69,6 +69,8 @@ class RecordingMocks(pulumi.runtime.Mocks):
             outputs.setdefault("name", f"{args.name}-placeholder")
         elif args.typ == "aws:eks/nodeGroup:NodeGroup":
             outputs.setdefault("nodeGroupName", args.name)
+            outputs.setdefault("resources", [{"autoscalingGroups": [{"name": f"eks-{args.name}-placeholder"}],
+                                              "remoteAccessSecurityGroupId": ""}])
         elif args.typ.startswith("pulumi-python:dynamic") and "image" in args.inputs:
             from workloads.image import placeholder_outputs  # the DLC pin: a placeholder digest, flagged
 
