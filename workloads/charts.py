@@ -1,20 +1,24 @@
-"""The three Helm releases, as data: chart, pinned version, repository, namespace and values.
+"""The Helm releases, as data: chart, pinned version, repository, namespace and values.
 
 Device plugins run only on GPU nodes (their labels) and tolerate the GPU taint; the
-KubeRay operator runs on the system node. Versions come from the stack configuration,
-so an upgrade is a reviewed configuration change, never a floating `latest`.
+KubeRay operator and, with scaleToZero, the Cluster Autoscaler run on the system node.
+Versions come from the stack configuration, so an upgrade is a reviewed configuration
+change, never a floating `latest`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra import nodes
+from infra import autoscaling, nodes
 from infra.config import StackConfig
 
 NVIDIA_REPOSITORY = "https://nvidia.github.io/k8s-device-plugin"
 EKS_CHARTS_REPOSITORY = "https://aws.github.io/eks-charts"
 KUBERAY_REPOSITORY = "https://ray-project.github.io/kuberay-helm/"
+AUTOSCALER_REPOSITORY = "https://kubernetes.github.io/autoscaler"
+AUTOSCALER_IMAGE = "registry.k8s.io/autoscaling/cluster-autoscaler"
+IRSA_ANNOTATION = "eks.amazonaws.com/role-arn"
 
 DEVICE_PLUGIN_NAMESPACE = "kube-system"
 OPERATOR_NAMESPACE = "kuberay-system"
@@ -56,3 +60,38 @@ def kuberay_operator(cfg: StackConfig) -> ChartRelease:
 
 def releases(cfg: StackConfig) -> list[ChartRelease]:
     return [nvidia_device_plugin(cfg), efa_device_plugin(cfg), kuberay_operator(cfg)]
+
+
+def autoscaler_args() -> dict[str, str]:
+    """Empty GPU nodes go within minutes; Ray's /tmp/ray emptyDir must not pin a node."""
+    return {
+        "scale-down-unneeded-time": f"{autoscaling.SCALE_DOWN_UNNEEDED_MINUTES}m",
+        "scale-down-delay-after-add": f"{autoscaling.SCALE_DOWN_DELAY_AFTER_ADD_MINUTES}m",
+        "skip-nodes-with-local-storage": "false",
+        "balance-similar-node-groups": "true",
+        "expander": "least-waste",
+    }
+
+
+def cluster_autoscaler(cfg: StackConfig, *, role_arn: str) -> ChartRelease:
+    """Resizes the node groups tagged for this cluster, through its own IRSA role.
+
+    The image tag follows the Kubernetes minor (the chart's default image lags behind it); it is a
+    tag, or tag@sha256:... when clusterAutoscalerImageTag carries a digest.
+    """
+    return ChartRelease(
+        "cluster-autoscaler", "cluster-autoscaler", cfg.cluster_autoscaler_version, AUTOSCALER_REPOSITORY,
+        autoscaling.CA_NAMESPACE, "system", {
+            "fullnameOverride": "cluster-autoscaler",
+            "cloudProvider": "aws",
+            "awsRegion": cfg.region,
+            "autoDiscovery": {"clusterName": cfg.cluster_name,
+                              "tags": list(autoscaling.discovery_tags(cfg.cluster_name))},
+            "image": {"repository": AUTOSCALER_IMAGE, "tag": cfg.cluster_autoscaler_image_tag},
+            "rbac": {"serviceAccount": {"create": True, "name": autoscaling.CA_SERVICE_ACCOUNT,
+                                        "annotations": {IRSA_ANNOTATION: role_arn}}},
+            "extraArgs": autoscaler_args(),
+            "nodeSelector": dict(nodes.SYSTEM_LABELS),
+            "resources": {"requests": {"cpu": "100m", "memory": "300Mi"}, "limits": {"memory": "300Mi"}},
+            "service": {"type": "ClusterIP"},
+        })

@@ -39,6 +39,16 @@ GPU_NODE_RESERVE_MIN_MEMORY_GIB = 8
 
 _PINNED = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
 
+# scaleToZero: the KubeRay autoscaler runs as a sidecar of the head, on the system node; requests
+# equal limits keep the head pod Guaranteed, and it fits beside the head on the smallest system type.
+AUTOSCALER_RESOURCES = {"cpu": "250m", "memory": "512Mi"}
+# The ray-train service account does not automount its token (Ray code needs no Kubernetes API);
+# the autoscaler does, to resize the worker group. It alone mounts a token, where clients look for it.
+KUBE_API_VOLUME = "kube-api-access-autoscaler"
+KUBE_API_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+# Ray, not the Cluster Autoscaler, decides when a training worker goes.
+SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
+
 
 class ManifestError(ValueError):
     """The inputs cannot make a valid RayCluster."""
@@ -108,16 +118,54 @@ def _container(name: str, image: str, env: list[dict], resources: dict[str, str]
     }
 
 
-def _pod(cfg: StackConfig, container: dict, node_selector: dict, tolerations: list[dict]) -> dict:
+def _pod(cfg: StackConfig, container: dict, node_selector: dict, tolerations: list[dict], *,
+         extra_volumes: tuple[dict, ...] = (), annotations: dict[str, str] | None = None) -> dict:
     spec = {
         "serviceAccountName": cfg.ray_service_account,
         "nodeSelector": dict(node_selector),
         "containers": [container],
-        "volumes": [{"name": "ray-tmp", "emptyDir": {}}],
+        "volumes": [{"name": "ray-tmp", "emptyDir": {}}, *extra_volumes],
     }
     if tolerations:
         spec["tolerations"] = [dict(t) for t in tolerations]
-    return {"metadata": {"labels": {"app.kubernetes.io/part-of": cfg.project}}, "spec": spec}
+    pod_metadata = {"labels": {"app.kubernetes.io/part-of": cfg.project}}
+    if annotations:
+        pod_metadata["annotations"] = dict(annotations)
+    return {"metadata": pod_metadata, "spec": spec}
+
+
+def kube_api_volume() -> dict:
+    """What automount would give a pod (token, cluster CA, namespace), as a volume only the autoscaler mounts."""
+    return {"name": KUBE_API_VOLUME, "projected": {"sources": [
+        {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {"downwardAPI": {"items": [{"path": "namespace",
+                                    "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}},
+    ]}}
+
+
+def autoscaler_options(cfg: StackConfig, image: str) -> dict:
+    """KubeRay's in-tree autoscaler: removes a GPU worker after gpuIdleTimeoutMinutes without Ray work."""
+    return {
+        "idleTimeoutSeconds": cfg.gpu_idle_timeout_minutes * 60,
+        "upscalingMode": "Default",
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "resources": {"requests": dict(AUTOSCALER_RESOURCES), "limits": dict(AUTOSCALER_RESOURCES)},
+        "securityContext": {"allowPrivilegeEscalation": False, "privileged": False},
+        "volumeMounts": [{"name": KUBE_API_VOLUME, "mountPath": KUBE_API_MOUNT, "readOnly": True}],
+    }
+
+
+def worker_scaling(cfg: StackConfig) -> dict[str, int]:
+    """Fixed: gpuNodeCount workers. scaleToZero: 0..gpuNodeCount, and no `replicas`.
+
+    The autoscaler writes `replicas`; left out of the manifest, it starts at the CRD default (0) and
+    Pulumi never claims the field, so a later `pulumi up` does not reset a running worker group.
+    """
+    if cfg.scale_to_zero:
+        return {"minReplicas": 0, "maxReplicas": cfg.gpu_node_count}
+    return {"replicas": cfg.gpu_node_count, "minReplicas": cfg.gpu_node_count, "maxReplicas": cfg.gpu_node_count}
 
 
 def metadata(cfg: StackConfig) -> dict:
@@ -146,25 +194,29 @@ def spec(cfg: StackConfig, *, image: str, checkpoint_uri: str) -> dict:
     )
     worker = _container(WORKER_CONTAINER, image, env=worker_env(cfg, checkpoint_uri),
                         resources=worker_resources(cfg.gpu))
-    return {
+    autoscaled = cfg.scale_to_zero
+    result = {
         "rayVersion": cfg.ray_version,
         "authOptions": {"mode": "token"},
-        "enableInTreeAutoscaling": False,
+        "enableInTreeAutoscaling": autoscaled,
         "headGroupSpec": {
             "serviceType": "ClusterIP",
             "rayStartParams": {"num-gpus": "0", "dashboard-host": "0.0.0.0"},
-            "template": _pod(cfg, head, nodes.SYSTEM_LABELS, []),
+            "template": _pod(cfg, head, nodes.SYSTEM_LABELS, [],
+                             extra_volumes=(kube_api_volume(),) if autoscaled else ()),
         },
         "workerGroupSpecs": [{
             "groupName": WORKER_GROUP,
-            "replicas": cfg.gpu_node_count,
-            "minReplicas": cfg.gpu_node_count,
-            "maxReplicas": cfg.gpu_node_count,
+            **worker_scaling(cfg),
             "numOfHosts": 1,
             "rayStartParams": {"num-gpus": str(cfg.gpu.gpus)},
-            "template": _pod(cfg, worker, nodes.GPU_LABELS, [nodes.GPU_TOLERATION]),
+            "template": _pod(cfg, worker, nodes.GPU_LABELS, [nodes.GPU_TOLERATION],
+                             annotations={SAFE_TO_EVICT: "false"} if autoscaled else None),
         }],
     }
+    if autoscaled:
+        result["autoscalerOptions"] = autoscaler_options(cfg, image)
+    return result
 
 
 def manifest(cfg: StackConfig, *, image: str, checkpoint_uri: str) -> dict:
