@@ -17,7 +17,9 @@ from typing import Any
 import yaml
 
 from infra import offline
+from infra.autoscaling import SCALE_DOWN_UNNEEDED_MINUTES
 from infra.config import ConfigError
+from infra.cost import PARTS
 from infra.program import PlacementError
 from workloads.image import is_placeholder
 
@@ -30,7 +32,9 @@ KEY_SETTINGS = {
     "aws:ec2/vpc:Vpc": ("cidrBlock",),
     "aws:ec2/subnet:Subnet": ("availabilityZone", "cidrBlock"),
     "aws:eks/cluster:Cluster": ("name", "version", "vpcConfig.publicAccessCidrs", "accessConfig.authenticationMode"),
-    "aws:eks/nodeGroup:NodeGroup": ("instanceTypes", "amiType", "capacityType", "scalingConfig.desiredSize", "labels", "taints"),
+    "aws:eks/nodeGroup:NodeGroup": ("instanceTypes", "amiType", "capacityType", "scalingConfig.desiredSize",
+                                    "scalingConfig.minSize", "scalingConfig.maxSize", "labels", "taints"),
+    "aws:autoscaling/tag:Tag": ("tag.key", "tag.value"),
     "aws:ec2/launchTemplate:LaunchTemplate": ("networkInterfaces", "metadataOptions.httpTokens", "placement.groupName"),
     "aws:ec2/placementGroup:PlacementGroup": ("strategy",),
     "aws:eks/addon:Addon": ("addonName",),
@@ -102,11 +106,31 @@ def render_table(result: offline.PlanResult) -> str:
     return "\n".join(lines)
 
 
-def render_cost(cost: dict[str, float]) -> str:
+def render_cost(cost: dict[str, Any], *, idle_minutes: int | None = None) -> str:
+    """The parts and the total; with scale-to-zero also the idle price and how soon idle GPUs stop billing."""
     lines = ["Estimated cost per hour (on-demand list prices, us-east-1):"]
-    lines += [f"  {name:<13} ${value:>8.2f}" for name, value in cost.items() if name != "total"]
-    lines.append(f"  {'total':<13} ${cost['total']:>8.2f}  (~${cost['total'] * 24:,.0f}/day while up)")
+    lines += [f"  {name:<13} ${cost[name]:>8.2f}" for name in PARTS if name in cost]
+    if cost.get("mode") != "scale-to-zero":
+        lines.append(f"  {'total':<13} ${cost['total']:>8.2f}  (~${cost['total'] * 24:,.0f}/day while up)")
+        lines.append("  The GPU nodes bill while idle too: set raytrain-eks:scaleToZero to true, or `pulumi destroy`.")
+        return "\n".join(lines)
+    lines.append(f"  {'total':<13} ${cost['total']:>8.2f}  while training, every GPU node up")
+    lines.append(f"  {'idle total':<13} ${cost['idleTotal']:>8.2f}  between jobs, GPU nodes scaled to zero "
+                 f"(~${cost['idleTotal'] * 24:,.0f}/day)")
+    if idle_minutes is not None:
+        lines.append(f"  Idle GPU nodes stop billing about {idle_minutes + SCALE_DOWN_UNNEEDED_MINUTES} min after the "
+                     f"last Ray task ({idle_minutes} min Ray idle timeout + {SCALE_DOWN_UNNEEDED_MINUTES} min "
+                     "Cluster Autoscaler scale-down), plus instance shutdown.")
     return "\n".join(lines)
+
+
+def ray_idle_minutes(result: offline.PlanResult) -> int | None:
+    """The KubeRay autoscaler's idle timeout, from the declared RayCluster; None without autoscaling."""
+    for cluster in result.of_type("kubernetes:ray.io/v1:RayCluster"):
+        seconds = _get(cluster.inputs, "spec.autoscalerOptions.idleTimeoutSeconds")
+        if seconds is not None:
+            return round(seconds / 60)
+    return None
 
 
 def kubernetes_objects(result: offline.PlanResult) -> list[dict]:
@@ -158,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(render_table(result))
     print()
-    print(render_cost(result.outputs["estimatedCostPerHour"]))
+    print(render_cost(result.outputs["estimatedCostPerHour"], idle_minutes=ray_idle_minutes(result)))
     if is_placeholder(result.outputs.get("dlcImage", "")):
         print(f"\nDLC image: {result.outputs['dlcImage']}\n  (placeholder digest: `pulumi preview` resolves the "
               "configured tag through the registry and keeps the digest in the stack state)")

@@ -5,6 +5,7 @@ import pulumi
 import pulumi_aws as aws
 
 from infra import config as stack_config
+from infra.autoscaling import ClusterAutoscalerRole
 from infra.cluster import EksCluster
 from infra.config import StackConfig
 from infra.cost import hourly_cost
@@ -69,8 +70,13 @@ def main() -> dict[str, pulumi.Output]:
     late_addons = eks.late_addons(depends_on=[system.node_group])
     store = CheckpointStore("checkpoints", cfg, oidc_provider_arn=eks.oidc_provider.arn,
                             oidc_issuer_url=eks.oidc_issuer, opts=with_provider)
+    autoscaler = (ClusterAutoscalerRole("cluster-autoscaler", cfg, oidc_provider_arn=eks.oidc_provider.arn,
+                                        oidc_issuer_url=eks.oidc_issuer, opts=with_provider)
+                  if cfg.scale_to_zero else None)
     RayWorkloads("ray", cfg, image=image, kubeconfig=eks.kubeconfig, irsa_role_arn=store.role.arn,
-                 checkpoint_uri=store.uri, cluster_dependencies=[system, gpu, *late_addons])
+                 checkpoint_uri=store.uri, cluster_dependencies=[system, gpu, *late_addons],
+                 autoscaler_role_arn=autoscaler.role.arn if autoscaler else None,
+                 autoscaler_dependencies=[autoscaler] if autoscaler else ())
 
     outputs = {
         "clusterName": eks.cluster.name,
@@ -86,6 +92,8 @@ def main() -> dict[str, pulumi.Output]:
         "estimatedCostPerHour": pulumi.Output.from_input(hourly_cost(cfg)),
         "dlcImage": image,
     }
+    if autoscaler:
+        outputs["clusterAutoscalerRoleArn"] = autoscaler.role.arn
     for name, value in outputs.items():
         pulumi.export(name, value)
     return outputs
