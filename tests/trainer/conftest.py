@@ -1,0 +1,162 @@
+"""Shared fixtures of the trainer tests: ONE real local Ray cluster per session, demo assets.
+
+The cluster is a real `ray start --head` (own temp dir, 8 CPUs, dashboard on a free port)
+with token authentication, so job-submission tests can reuse it. It is stopped with
+SIGKILL to its process group plus any worker that left the group (a SIGTERM did not stop
+`ray start --block` reliably here).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+
+# No network here: make any accidental hub access fail fast instead of hanging.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        for child in children.get(pid, []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _pids_using(marker: str) -> list[int]:
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if marker in cmdline.read_bytes().decode(errors="replace"):
+                pids.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return pids
+
+
+@dataclass
+class RayCluster:
+    address: str           # GCS address for ray.init / `ray start --address`
+    dashboard_url: str     # Jobs API / dashboard
+    token: str             # RAY_AUTH_TOKEN the cluster was started with
+    temp_dir: str
+    env: dict = field(default_factory=dict)  # env vars a client process needs (auth)
+
+    def client_env(self) -> dict:
+        return {**os.environ, **self.env}
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    temp_dir = tempfile.mkdtemp(prefix="rt-", dir="/tmp")  # short: Ray's socket paths have a length limit
+    port, dash_port = free_port(), free_port()
+    token = secrets.token_hex(24)
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
+    log = open(Path(temp_dir) / "ray-start.log", "w")
+    proc = subprocess.Popen(
+        [str(VENV_BIN / "ray"), "start", "--head", "--block", "--port", str(port), "--num-cpus", "8",
+         "--node-ip-address", "127.0.0.1", "--temp-dir", temp_dir, "--include-dashboard", "true",
+         "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash_port), "--disable-usage-stats"],
+        env={**os.environ, **auth}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    saved = {k: os.environ.get(k) for k in auth}
+    os.environ.update(auth)
+    cluster = RayCluster(f"127.0.0.1:{port}", f"http://127.0.0.1:{dash_port}", token, temp_dir, auth)
+    try:
+        import ray
+
+        deadline = time.time() + 120
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"ray start exited with {proc.returncode}: "
+                                   f"{(Path(temp_dir) / 'ray-start.log').read_text()[-2000:]}")
+            try:
+                ray.init(address=cluster.address, logging_level="WARNING")
+                break
+            except Exception:  # noqa: BLE001 - not up yet
+                if time.time() > deadline:
+                    raise
+                time.sleep(1.0)
+        yield cluster
+    finally:
+        try:
+            import ray
+
+            ray.shutdown()
+        except Exception:  # noqa: BLE001
+            pass
+        victims = set(_descendants(proc.pid)) | set(_pids_using(temp_dir))
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait(timeout=30)
+        log.close()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def trainer_cache(tmp_path_factory):
+    """Per-session model/tokenization cache (the trainer reads TRAINER_CACHE)."""
+    path = tmp_path_factory.mktemp("trainer-cache")
+    old = os.environ.get("TRAINER_CACHE")
+    os.environ["TRAINER_CACHE"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("TRAINER_CACHE", None)
+    else:
+        os.environ["TRAINER_CACHE"] = old
+
+
+@pytest.fixture(scope="session")
+def demo_assets(tmp_path_factory):
+    """The demo's tiny random-init Qwen2 model and generated train / held-out data."""
+    from trainer import demo
+
+    root = tmp_path_factory.mktemp("demo-assets")
+    train_rows, eval_rows = demo.make_dataset(seed=0, n_train=600, n_eval=60)
+    return {
+        "model": demo.write_init_model(root / "init-model", seed=0),
+        "train": demo.write_jsonl(train_rows, root / "train.jsonl"),
+        "heldout": demo.write_jsonl(eval_rows, root / "heldout.jsonl"),
+        "root": root,
+    }

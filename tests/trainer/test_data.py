@@ -1,0 +1,131 @@
+"""Data: formats, response-only labels, packing layout, per-rank shards, tokenization cache."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from trainer import demo
+from trainer.data import (IGNORE_INDEX, DataError, PackedData, check_records, load_records, pack, prepare,
+                          tokenize_messages, to_messages)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return demo.build_tokenizer()
+
+
+@pytest.mark.parametrize("record", [
+    {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]},
+    {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]},
+    {"prompt": "hi", "response": "yo"},
+    {"prompt": "hi", "completion": "yo"},
+    {"instruction": "hi", "output": "yo"},
+])
+def test_supported_record_layouts_become_messages(record):
+    msgs = to_messages(record)
+    assert msgs[0] == {"role": "user", "content": "hi"} and msgs[-1] == {"role": "assistant", "content": "yo"}
+
+
+def test_record_without_needed_fields_names_what_it_has():
+    with pytest.raises(DataError) as e:
+        to_messages({"question": "q", "answer": "a"}, index=4)
+    msg = str(e.value)
+    assert "record 4" in msg and "question" in msg and "answer" in msg and "messages" in msg
+
+
+def test_loss_mask_covers_exactly_the_responses(tokenizer):
+    msgs = [{"role": "user", "content": "reverse: abc"}, {"role": "assistant", "content": "cba"},
+            {"role": "user", "content": "upper: xy"}, {"role": "assistant", "content": "XY"}]
+    ids, mask = tokenize_messages(tokenizer, msgs)
+    assert ids == tokenizer(tokenizer.apply_chat_template(msgs, tokenize=False), add_special_tokens=False)["input_ids"]
+    learned = tokenizer.decode([i for i, m in zip(ids, mask) if m])
+    assert learned == "cba<|im_end|>\nXY<|im_end|>\n"
+
+
+def test_pack_resets_positions_shifts_labels_and_pads(tokenizer):
+    docs = [([10, 11, 12, 13], [False, False, True, True]), ([20, 21, 22], [False, True, True]),
+            ([30, 31, 32, 33, 34, 35], [False, False, False, True, True, True])]
+    arrays, stats = pack(docs, seq_len=8, pad_id=0)
+    assert stats.rows == 2 and stats.documents == 3
+    assert arrays["input_ids"][0].tolist() == [10, 11, 12, 13, 20, 21, 22, 0]
+    assert arrays["position_ids"][0].tolist() == [0, 1, 2, 3, 0, 1, 2, 0]
+    # labels[t] is the target of token t, only where the target is a response token of the same document
+    assert arrays["labels"][0].tolist() == [-100, 12, 13, -100, 21, 22, -100, -100]
+    assert arrays["real_tokens"].tolist() == [7, 6]
+    assert stats.loss_tokens == int((arrays["labels"] != IGNORE_INDEX).sum()) == 2 + 2 + 3
+
+
+def test_documents_longer_than_seq_len_are_truncated_and_empty_ones_dropped():
+    arrays, stats = pack([(list(range(1, 20)), [False] * 5 + [True] * 14), ([1, 2], [False, False])], 8, 0)
+    assert stats.truncated == 1 and stats.dropped == 1 and stats.rows == 1
+    assert arrays["input_ids"].shape == (1, 8)
+
+
+def _packed(tmp_path, tokenizer, n=300, seq_len=64):
+    rows, _ = demo.make_dataset(seed=1, n_train=n, n_eval=1)
+    path = demo.write_jsonl(rows, tmp_path / "train.jsonl")
+    return prepare(str(path), "train", tokenizer, seq_len, tmp_path / "cache"), path
+
+
+def test_every_rank_reads_its_own_share_and_the_global_batch_ignores_world_size(tmp_path, tokenizer):
+    data, _ = _packed(tmp_path, tokenizer)
+    gb = 8
+    for step in (0, 1, data.steps_per_epoch(gb) + 2):  # also a step of the second epoch
+        reference = data.micro_batches(step, rank=0, world_size=1, global_batch=gb, micro_batch=2, seed=5)
+        ref_rows = sorted(map(tuple, np.concatenate([b["input_ids"].numpy() for b in reference]).tolist()))
+        for world in (2, 4):
+            shards = [data.micro_batches(step, rank=r, world_size=world, global_batch=gb, micro_batch=2, seed=5)
+                      for r in range(world)]
+            rows = [tuple(x) for shard in shards for b in shard for x in b["input_ids"].tolist()]
+            assert sorted(rows) == ref_rows
+            assert all(sum(b["input_ids"].shape[0] for b in shard) == gb // world for shard in shards)
+
+
+def test_epochs_reshuffle_and_the_order_depends_on_the_seed(tmp_path, tokenizer):
+    data, _ = _packed(tmp_path, tokenizer)
+    spe = data.steps_per_epoch(4)
+    epoch0 = np.concatenate([data.step_rows(s, 4, seed=0) for s in range(spe)])
+    epoch1 = np.concatenate([data.step_rows(spe + s, 4, seed=0) for s in range(spe)])
+    for epoch in (epoch0, epoch1):  # each epoch: distinct rows, a full permutation minus the remainder
+        assert len(set(epoch)) == len(epoch) == spe * 4 and data.num_rows - len(epoch) < 4
+    assert not np.array_equal(epoch0, epoch1)
+    assert not np.array_equal(data.step_rows(0, 4, seed=0), data.step_rows(0, 4, seed=1))
+    assert data.position(spe + 1, 4) == {"step": spe + 1, "epoch": 1, "step_in_epoch": 1, "rows_consumed": 4 * (spe + 1)}
+
+
+def test_tokenization_is_cached_per_data_tokenizer_and_seq_len(tmp_path, tokenizer):
+    data, path = _packed(tmp_path, tokenizer)
+    stamp = (data.folder / "input_ids.npy").stat().st_mtime_ns
+    again = prepare(str(path), "train", tokenizer, 64, tmp_path / "cache")
+    assert again.folder == data.folder and (again.folder / "input_ids.npy").stat().st_mtime_ns == stamp
+    other = prepare(str(path), "train", tokenizer, 128, tmp_path / "cache")
+    assert other.folder != data.folder and other.meta["seq_len"] == 128
+    assert isinstance(PackedData(data.folder).arrays["input_ids"], np.memmap)
+
+
+def test_jsonl_parquet_and_json_array_load_the_same_records(tmp_path):
+    rows = [{"prompt": f"p{i}", "response": f"r{i}"} for i in range(5)]
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "a.parquet")
+    (tmp_path / "a.json").write_text(json.dumps(rows))
+    for name in ("a.jsonl", "a.parquet", "a.json"):
+        assert load_records(str(tmp_path / name)) == rows
+
+
+def test_bad_files_fail_with_the_file_and_the_fix(tmp_path):
+    with pytest.raises(DataError, match="not found.*jsonl or .parquet"):
+        load_records(str(tmp_path / "missing.jsonl"))
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "a", "response": "b"}\n{not json\n')
+    with pytest.raises(DataError, match="line 2"):
+        load_records(str(tmp_path / "bad.jsonl"))
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(DataError, match="is empty"):
+        check_records(load_records(str(tmp_path / "empty.jsonl")), "empty.jsonl")
+    (tmp_path / "data.csv").write_text("a,b\n")
+    with pytest.raises(DataError, match="unknown file type"):
+        load_records(str(tmp_path / "data.csv"))

@@ -1,0 +1,357 @@
+"""The training configuration: one frozen, typed object built from flags and YAML.
+
+Precedence is defaults < YAML file (``--config FILE``) < command-line flags. All
+problems are collected and raised together as one ``ConfigError`` naming each flag
+and key, so a user fixes a job in one pass instead of one cluster submission per
+mistake. Checks that need to read the model or the dataset live in ``preflight``
+(trainer.launch); this module does no I/O beyond reading the YAML file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import os
+import re
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+SCHEDULES = ("cosine", "linear", "constant")
+DEVICES = ("cpu", "gpu")
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
+_RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class ConfigError(ValueError):
+    """Every problem with a training configuration, one per line."""
+
+    def __init__(self, problems: Sequence[str]):
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"invalid training configuration ({len(self.problems)} problem(s)):\n{lines}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: str = ""
+    dataset: str = ""
+    tokenizer: str | None = None
+    dataset_split: str = "train"
+    seq_len: int = 2048
+    global_batch_size: int = 64
+    micro_batch_size: int = 1
+    steps: int | None = None
+    epochs: int | None = None
+    lr: float = 1e-5
+    min_lr_ratio: float = 0.0
+    warmup_steps: int = 0
+    schedule: str = "cosine"
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    seed: int = 0
+    log_every: int = 10
+    checkpoint_every: int = 0
+    num_to_keep: int = 2
+    max_failures: int = 0
+    storage_path: str = "runs"
+    run_name: str | None = None
+    num_workers: int = 2
+    device: str = "cpu"
+    activation_checkpointing: bool = False
+    attn_implementation: str = "sdpa"
+    cache_dir: str | None = None
+    peak_tflops: float | None = None
+    export: bool = True
+    progress: bool = True
+    fail_at_step: int = 0
+
+    @property
+    def use_gpu(self) -> bool:
+        return self.device == "gpu"
+
+    @property
+    def grad_accum_steps(self) -> int:
+        """Micro-batches per rank per step: keeps the global batch fixed for any worker count."""
+        return self.global_batch_size // (self.num_workers * self.micro_batch_size)
+
+    @property
+    def resolved_run_name(self) -> str:
+        """The run's name: the Ray run name and the storage sub-folder (resubmitting resumes)."""
+        if self.run_name:
+            return self.run_name
+        parts = [_slug(self.model), _slug(self.dataset), f"seq{self.seq_len}",
+                 f"gb{self.global_batch_size}", f"seed{self.seed}"]
+        return "-".join(p for p in parts if p)[:128]
+
+    @property
+    def resolved_cache_dir(self) -> str:
+        return self.cache_dir or os.environ.get("TRAINER_CACHE") or str(Path.home() / ".cache" / "trainer")
+
+    @property
+    def run_uri(self) -> str:
+        """Where this run's checkpoints, metrics and exported model live (local path or s3://)."""
+        return join_uri(self.storage_path, self.resolved_run_name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> "TrainConfig":
+        return cls(**dict(values))
+
+
+def _slug(value: str) -> str:
+    base = value.rstrip("/").rsplit("/", 1)[-1]
+    base = re.sub(r"\.(jsonl|json|parquet)$", "", base)
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", base).strip("-.")[:40]
+
+
+def join_uri(base: str, name: str) -> str:
+    return f"{base.rstrip('/')}/{name}" if "://" in base else str(Path(base) / name)
+
+
+def is_remote(uri: str) -> bool:
+    return "://" in uri and not uri.startswith("file://")
+
+
+_FLAG_HELP: dict[str, str] = {
+    "model": "Hugging Face hub id, local folder or s3:// prefix of the model to fine-tune",
+    "dataset": "instruction/chat data: hub id, local .jsonl/.parquet file, or s3:// URI",
+    "tokenizer": "tokenizer location if different from --model",
+    "dataset_split": "split to use for a hub dataset",
+    "seq_len": "packed sequence length in tokens",
+    "global_batch_size": "sequences per optimizer step, the same for any number of workers",
+    "micro_batch_size": "sequences per forward/backward pass on one worker",
+    "steps": "optimizer steps to run (mutually exclusive with --epochs)",
+    "epochs": "passes over the packed dataset (default 1 when --steps is not given)",
+    "lr": "peak learning rate",
+    "min_lr_ratio": "final learning rate as a fraction of --lr (cosine/linear)",
+    "warmup_steps": "linear warm-up steps",
+    "schedule": "learning-rate schedule after warm-up",
+    "weight_decay": "AdamW weight decay",
+    "grad_clip": "clip the global gradient norm to this value (0 disables)",
+    "seed": "random seed (model init, data order)",
+    "log_every": "log metrics (metrics.jsonl, TensorBoard, ray.train.report) every N steps",
+    "checkpoint_every": "save a sharded checkpoint every N steps (0: only at the end)",
+    "num_to_keep": "checkpoints Ray keeps in storage",
+    "max_failures": "worker-group restarts Ray Train attempts, resuming from the last checkpoint",
+    "storage_path": "local folder or s3:// prefix holding runs",
+    "run_name": "run name (folder under --storage-path); resubmitting the same name resumes",
+    "num_workers": "number of training workers (one per GPU, or CPU processes)",
+    "device": "train on GPUs with NCCL or CPUs with gloo",
+    "activation_checkpointing": "recompute decoder-layer activations in backward to save memory",
+    "attn_implementation": "transformers attention implementation (must honour packed position ids)",
+    "cache_dir": "per-node cache for downloaded models and tokenized data (default ~/.cache/trainer)",
+    "peak_tflops": "device peak dense TFLOP/s for MFU (default: looked up from the device name)",
+    "export": "export a Hugging Face model folder at the end",
+    "progress": "show a progress bar on rank 0",
+    "fail_at_step": "testing aid: raise once at this step (first attempt only) to exercise recovery",
+}
+
+# Names users bring from other trainers, mapped to ours for "did you mean" hints.
+_ALIASES = {
+    "learning_rate": "lr", "max_steps": "steps", "num_epochs": "epochs", "batch_size": "global_batch_size",
+    "micro_batch": "micro_batch_size", "per_device_batch_size": "micro_batch_size", "model_name_or_path": "model",
+    "max_seq_length": "seq_len", "max_length": "seq_len", "sequence_length": "seq_len", "warmup": "warmup_steps",
+    "lr_scheduler_type": "schedule", "max_grad_norm": "grad_clip", "output_dir": "storage_path",
+    "workers": "num_workers", "gradient_checkpointing": "activation_checkpointing",
+}
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "schedule": SCHEDULES,
+    "device": DEVICES,
+    "attn_implementation": ATTN_IMPLEMENTATIONS,
+}
+
+
+def _field_types() -> dict[str, str]:
+    return {f.name: str(f.type) for f in fields(TrainConfig)}
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_arguments(parser: argparse.ArgumentParser, defaults: Mapping[str, Any] | None = None) -> None:
+    """Add one flag per TrainConfig field; unset flags stay absent so YAML can fill them."""
+    defaults = dict(defaults or {})
+    parser.add_argument("--config", metavar="FILE", help="YAML file with configuration keys (flags override it)")
+    parser.add_argument("--out", metavar="DIR", default=argparse.SUPPRESS,
+                        help="run folder (local or s3://): sets --storage-path to its parent and --run-name to its name")
+    for f in fields(TrainConfig):
+        kind = str(f.type)
+        default = defaults.get(f.name, f.default)
+        help_text = f"{_FLAG_HELP.get(f.name, '')} (default: {default})"
+        kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": help_text}
+        if kind == "bool":
+            parser.add_argument(flag(f.name), action=argparse.BooleanOptionalAction, **kwargs)
+            continue
+        if "int" in kind:
+            kwargs["type"] = int
+        elif "float" in kind:
+            kwargs["type"] = float
+        if f.name in _CHOICES:
+            kwargs["choices"] = _CHOICES[f.name]
+        parser.add_argument(flag(f.name), **kwargs)
+
+
+def load_yaml(path: str) -> dict[str, Any]:
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError([f"--config {path}: file not found; pass the path of a YAML file with configuration keys"])
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError([f"--config {path}: not valid YAML ({e})"]) from None
+    if not isinstance(data, dict):
+        raise ConfigError([f"--config {path}: expected a mapping of configuration keys, got {type(data).__name__}"])
+    return data
+
+
+def _coerce(name: str, value: Any, problems: list[str], source: str) -> Any:
+    kind = _field_types()[name]
+    if value is None:
+        if "None" in kind:
+            return None
+        problems.append(f"{source} {name}: must not be empty")
+        return None
+    try:
+        if kind == "bool":
+            if isinstance(value, bool):
+                return value
+            if str(value).lower() in ("true", "yes", "1", "on"):
+                return True
+            if str(value).lower() in ("false", "no", "0", "off"):
+                return False
+            raise ValueError
+        if "int" in kind:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        if "float" in kind:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        return str(value)
+    except (TypeError, ValueError):
+        want = kind.replace(" | None", "")
+        problems.append(f"{source} {name}: {value!r} is not a valid {want}")
+        return None
+
+
+def merge(yaml_values: Mapping[str, Any], flag_values: Mapping[str, Any],
+          defaults: Mapping[str, Any] | None = None, yaml_source: str = "YAML") -> TrainConfig:
+    """Defaults < YAML < flags, then validate. Raises ConfigError listing every problem."""
+    names = set(_field_types())
+    problems: list[str] = []
+    values: dict[str, Any] = dict(defaults or {})
+    for key, value in yaml_values.items():
+        name = str(key).replace("-", "_")
+        if name == "out":
+            values.update(split_out(str(value)))
+            continue
+        if name not in names:
+            close = [_ALIASES[name]] if name in _ALIASES else difflib.get_close_matches(name, sorted(names), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else f"; known keys: {', '.join(sorted(names))}"
+            problems.append(f"{yaml_source} key {key!r}: unknown configuration key{hint}")
+            continue
+        values[name] = _coerce(name, value, problems, f"{yaml_source} key")
+    for name, value in flag_values.items():
+        if name == "out":
+            values.update(split_out(str(value)))
+        elif name in names:
+            values[name] = value
+    if problems:
+        raise ConfigError(problems)
+    cfg = TrainConfig(**values)
+    validate(cfg)
+    return cfg
+
+
+def split_out(out: str) -> dict[str, str]:
+    """`--out DIR` means: storage path = DIR's parent, run name = DIR's name."""
+    out = out.rstrip("/")
+    if "://" in out:
+        parent, _, name = out.rpartition("/")
+    else:
+        p = Path(out).expanduser().absolute()
+        parent, name = str(p.parent), p.name
+    return {"storage_path": parent, "run_name": name}
+
+
+def from_args(args: argparse.Namespace, defaults: Mapping[str, Any] | None = None) -> TrainConfig:
+    given = {k: v for k, v in vars(args).items() if k != "config"}
+    yaml_values = load_yaml(args.config) if getattr(args, "config", None) else {}
+    return merge(yaml_values, given, defaults, yaml_source=f"--config {getattr(args, 'config', '')}".strip())
+
+
+def parse(argv: Sequence[str], defaults: Mapping[str, Any] | None = None, prog: str = "trainer") -> TrainConfig:
+    parser = argparse.ArgumentParser(prog=prog)
+    add_arguments(parser, defaults)
+    return from_args(parser.parse_args(list(argv)), defaults)
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Checks that need no I/O. Raises ConfigError naming every bad flag."""
+    p: list[str] = []
+
+    def bad(name: str, msg: str) -> None:
+        p.append(f"{flag(name)} ({name}) = {getattr(cfg, name)!r}: {msg}")
+
+    if not cfg.model:
+        p.append(f"{flag('model')} (model): required; pass a hub id, a local model folder or an s3:// prefix")
+    if not cfg.dataset:
+        p.append(f"{flag('dataset')} (dataset): required; pass a hub id, a .jsonl/.parquet file or an s3:// URI")
+    for name in ("seq_len", "global_batch_size", "micro_batch_size", "num_workers", "log_every"):
+        if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
+            bad(name, "must be at least 1")
+    for name in ("warmup_steps", "checkpoint_every", "max_failures", "fail_at_step", "seed"):
+        if getattr(cfg, name) is not None and getattr(cfg, name) < 0:
+            bad(name, "must be 0 or more")
+    if cfg.num_to_keep < 1:
+        bad("num_to_keep", "must be at least 1 (the latest checkpoint is needed to resume)")
+    if cfg.steps is not None and cfg.epochs is not None:
+        p.append(f"{flag('steps')} = {cfg.steps} and {flag('epochs')} = {cfg.epochs}: give one of them, not both")
+    if cfg.steps is not None and cfg.steps < 1:
+        bad("steps", "must be at least 1")
+    if cfg.epochs is not None and cfg.epochs < 1:
+        bad("epochs", "must be at least 1")
+    if not cfg.lr > 0:
+        bad("lr", "must be positive")
+    if not 0.0 <= cfg.min_lr_ratio <= 1.0:
+        bad("min_lr_ratio", "must be between 0 and 1")
+    if cfg.weight_decay < 0:
+        bad("weight_decay", "must be 0 or more")
+    if cfg.grad_clip < 0:
+        bad("grad_clip", "must be 0 (off) or positive")
+    for name, choices in _CHOICES.items():
+        if getattr(cfg, name) not in choices:
+            bad(name, f"must be one of {', '.join(choices)}")
+    if cfg.peak_tflops is not None and cfg.peak_tflops <= 0:
+        bad("peak_tflops", "must be positive")
+    if cfg.run_name is not None and not _RUN_NAME.match(cfg.run_name):
+        bad("run_name", "use letters, digits, '.', '_' or '-' (at most 128), starting with a letter or digit")
+    if not cfg.storage_path:
+        bad("storage_path", "required: a local folder or an s3:// prefix")
+    elif "://" in cfg.storage_path and not cfg.storage_path.startswith(("s3://", "file://", "gs://")):
+        bad("storage_path", "supported schemes are a local path, s3:// (or gs://, file://)")
+    if min(cfg.global_batch_size, cfg.num_workers, cfg.micro_batch_size) >= 1:
+        per_pass = cfg.num_workers * cfg.micro_batch_size
+        if cfg.global_batch_size % per_pass:
+            lo = max(per_pass, cfg.global_batch_size // per_pass * per_pass)
+            p.append(
+                f"{flag('global_batch_size')} = {cfg.global_batch_size} is not divisible by "
+                f"{flag('num_workers')} x {flag('micro_batch_size')} = {cfg.num_workers} x {cfg.micro_batch_size} "
+                f"= {per_pass}; use a multiple of {per_pass} (e.g. {lo} or {lo + per_pass}) or change the workers/micro-batch")
+    if cfg.steps and cfg.warmup_steps >= cfg.steps > 1:
+        p.append(f"{flag('warmup_steps')} = {cfg.warmup_steps} must be below {flag('steps')} = {cfg.steps}")
+    if p:
+        raise ConfigError(p)
+
+
+def total_steps(cfg: TrainConfig, steps_per_epoch: int) -> int:
+    return cfg.steps if cfg.steps is not None else (cfg.epochs or 1) * steps_per_epoch

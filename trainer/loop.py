@@ -1,0 +1,188 @@
+"""The per-worker training function that Ray Train runs on every rank.
+
+    setup: device + mesh -> model (sharded) -> optimizer/schedule -> data -> resume
+    loop:  data -> step -> metrics every log_every -> checkpoint every checkpoint_every
+    end:   final checkpoint -> Hugging Face export
+
+`train_func` is the Ray entry point; `run` holds the loop and receives Ray only through
+`reporter` and the run storage, so the loop reads top to bottom.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from trainer import checkpoint as ckpt
+from trainer import flops as flops_lib
+from trainer.config import TrainConfig, total_steps
+from trainer.data import PackedData, prepare
+from trainer.metrics import METRICS_FILE, TENSORBOARD_DIR, IntervalTracker, MetricsWriter
+from trainer.model import build_model, build_optimizer, build_scheduler, load_tokenizer, resolve_model_path
+from trainer.step import train_step
+from trainer.storage import Storage
+
+log = logging.getLogger("trainer")
+
+
+class InjectedFailure(RuntimeError):
+    """Raised by --fail-at-step to exercise Ray Train's restart-from-checkpoint path."""
+
+
+@dataclass(frozen=True)
+class WorkerEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    mesh: Any
+
+
+def setup_parallel(cfg: TrainConfig, rank: int, world_size: int, local_rank: int) -> WorkerEnv:
+    """Device and 1-D FSDP mesh over the process group Ray Train created (NCCL on GPU, gloo on CPU)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if cfg.use_gpu:
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("fsdp",))
+    return WorkerEnv(rank, world_size, local_rank, device, mesh)
+
+
+def transport_check(cfg: TrainConfig, env: WorkerEnv) -> None:
+    """Hook after the first collectives: verifies the inter-node transport (NCCL over EFA).
+
+    No-op on CPU/gloo. The EFA check (trainer.efa) plugs in here; it must run on every
+    rank and raise to stop a run that silently fell back to TCP sockets.
+    """
+    if not cfg.use_gpu:
+        return
+
+
+def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
+        latest_checkpoint: str | None = None,
+        reporter: Callable[[dict, str | None], None] | None = None) -> dict:
+    """Train to the configured number of steps; returns the last logged metrics."""
+    rank0 = env.rank == 0
+    cache_dir = cfg.resolved_cache_dir
+    torch.manual_seed(cfg.seed)
+
+    # -- model, tokenizer, data (downloaded / tokenized once per node)
+    model_path = resolve_model_path(cfg.model, cache_dir, storage_fs=storage.fs if cfg.model.startswith("s3://") else None)
+    tokenizer = load_tokenizer(resolve_model_path(cfg.tokenizer, cache_dir) if cfg.tokenizer else model_path)
+    data: PackedData = prepare(cfg.dataset, cfg.dataset_split, tokenizer, cfg.seq_len, cache_dir,
+                               storage_fs=storage.fs if cfg.dataset.startswith("s3://") else None)
+    steps = total_steps(cfg, data.steps_per_epoch(cfg.global_batch_size))
+    data.step_rows(0, cfg.global_batch_size, cfg.seed)  # fails early if the data is smaller than one batch
+
+    model = build_model(model_path, device=env.device, use_gpu=cfg.use_gpu, mesh=env.mesh,
+                        attn_implementation=cfg.attn_implementation,
+                        activation_checkpointing=cfg.activation_checkpointing, seed=cfg.seed)
+    optimizer = build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=cfg.use_gpu)
+    scheduler = build_scheduler(optimizer, warmup=cfg.warmup_steps, total=steps,
+                                schedule=cfg.schedule, min_ratio=cfg.min_lr_ratio)
+
+    # -- resume
+    start = 0
+    resume_from = ckpt.latest_complete(storage, latest_checkpoint)
+    if resume_from:
+        state = ckpt.load(storage, resume_from, model, optimizer, scheduler)
+        start = state["step"]
+        if rank0:
+            log.info("resumed from %s at step %d", storage.path(resume_from), start)
+
+    # -- metrics
+    metrics_dir = _metrics_dir(cfg, storage, rank0)
+    writer = MetricsWriter(metrics_dir, enabled=rank0, start_step=start, total_steps=steps,
+                           progress=cfg.progress)
+    fpt = flops_lib.flops_per_token(model.config, cfg.seq_len)
+    tracker = IntervalTracker(env.device, fpt, flops_lib.device_peak_flops(cfg.peak_tflops), env.world_size)
+    if rank0:
+        log.info("training %s for %d steps (start %d): %d workers x %d micro-batches x %d sequences of %d tokens",
+                 cfg.model, steps, start, env.world_size, cfg.grad_accum_steps, cfg.micro_batch_size, cfg.seq_len)
+
+    last: dict = {}
+    for step in range(start, steps):
+        t0 = time.perf_counter()
+        batches = data.micro_batches(step, rank=env.rank, world_size=env.world_size,
+                                     global_batch=cfg.global_batch_size, micro_batch=cfg.micro_batch_size,
+                                     seed=cfg.seed)
+        data_wait = time.perf_counter() - t0
+        if cfg.fail_at_step and step + 1 == cfg.fail_at_step and not resume_from:
+            raise InjectedFailure(f"--fail-at-step {cfg.fail_at_step}: injected failure (testing aid)")
+
+        out = train_step(model, optimizer, scheduler, batches, device=env.device, grad_clip=cfg.grad_clip)
+        done = step + 1
+        if step == start:
+            transport_check(cfg, env)
+        tracker.add(out, data_wait)
+
+        log_now = done % cfg.log_every == 0 or done == steps
+        save_now = (cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or done == steps
+        if log_now:
+            last = {**tracker.summarize(done), "epoch": data.position(done, cfg.global_batch_size)["epoch"]}
+            writer.log(last)
+        if save_now:
+            path = ckpt.save(storage, done, model, optimizer, scheduler,
+                             data.position(done, cfg.global_batch_size),
+                             extra={"data_fingerprint": data.fingerprint, "total_steps": steps})
+            if rank0 and not storage.is_local:
+                _upload_metrics(storage, metrics_dir)
+            if reporter:
+                reporter(last or {"step": done}, path)
+
+    writer.close()
+    if cfg.export:
+        ckpt.export_hf(storage, model, tokenizer, source=model_path)
+    if rank0 and not storage.is_local:
+        _upload_metrics(storage, metrics_dir)
+    return last
+
+
+def _metrics_dir(cfg: TrainConfig, storage: Storage, rank0: bool) -> Path:
+    """metrics.jsonl and TensorBoard files: the run folder itself, or a local mirror of remote storage."""
+    if storage.is_local:
+        return Path(storage.root)
+    mirror = Path(cfg.resolved_cache_dir) / "runs" / cfg.resolved_run_name
+    if rank0:
+        mirror.mkdir(parents=True, exist_ok=True)
+        if storage.exists(METRICS_FILE):
+            (mirror / METRICS_FILE).write_bytes(storage.read_bytes(METRICS_FILE))
+    return mirror
+
+
+def _upload_metrics(storage: Storage, folder: Path) -> None:
+    if (folder / METRICS_FILE).is_file():
+        storage.upload_file(folder / METRICS_FILE, METRICS_FILE)
+    if (folder / TENSORBOARD_DIR).is_dir():
+        storage.upload_dir(folder / TENSORBOARD_DIR, TENSORBOARD_DIR)
+
+
+def train_func(config: dict) -> None:
+    """Ray Train entry point (one call per worker)."""
+    import ray.train
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    cfg = TrainConfig.from_dict(config)
+    ctx = ray.train.get_context()
+    env = setup_parallel(cfg, ctx.get_world_rank(), ctx.get_world_size(), ctx.get_local_rank())
+    ray_storage = ctx.get_storage()
+    storage = Storage(ray_storage.storage_filesystem, ray_storage.experiment_fs_path)
+    latest = ray.train.get_checkpoint()
+
+    def reporter(metrics: dict, checkpoint_path: str | None) -> None:
+        ckpt.report_to_ray(metrics, checkpoint_path, storage)
+
+    run(cfg, env, storage, latest_checkpoint=latest.path if latest else None, reporter=reporter)
+    if dist.is_initialized():
+        dist.barrier()

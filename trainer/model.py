@@ -1,0 +1,265 @@
+"""Model setup: fetch once per node, build on the meta device, shard with FSDP2, load shards.
+
+No rank ever materialises the full model in host memory: every rank builds the model on
+the meta device, shards it with fully_shard (one group per decoder layer, and the tied
+embedding, final norm and lm_head together, which torch >= 2.13 requires for tied
+weights), allocates only its own shard, and reads only its slices of the Hugging Face
+safetensors files through torch.distributed.checkpoint's HuggingFaceStorageReader.
+
+Imports torch and transformers only (no ray, no datasets): the benchmark reuses it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import shutil
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+_HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "tokenizer*"]
+
+
+class ModelSourceError(ValueError):
+    """The model location cannot be resolved to a folder with a Hugging Face config."""
+
+
+def describe_source(spec: str) -> str:
+    if spec.startswith("s3://"):
+        return "s3"
+    if Path(spec).expanduser().exists() or spec.startswith(("/", ".", "~")) or spec.count("/") > 1:
+        return "local"
+    return "hub" if HUB_ID.match(spec) else "local"
+
+
+def _lock(cache_dir: str | Path, key: str):
+    from filelock import FileLock
+
+    lock_dir = Path(cache_dir) / "locks"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(lock_dir / f"{key}.lock"))
+
+
+def _key(spec: str) -> str:
+    return hashlib.sha256(spec.encode()).hexdigest()[:16]
+
+
+def resolve_model_path(spec: str, cache_dir: str | Path, *, storage_fs: Any = None) -> Path:
+    """A local folder holding the model, downloading it first if needed.
+
+    Every rank may call this: a file lock plus a completion marker in the per-node cache
+    make the first caller on a node download and the others reuse its copy.
+    """
+    kind = describe_source(spec)
+    if kind == "local":
+        path = Path(spec).expanduser()
+        if not (path / "config.json").is_file():
+            why = "does not exist" if not path.exists() else "has no config.json"
+            raise ModelSourceError(
+                f"model {spec!r}: local folder {why}; pass a folder saved with save_pretrained, "
+                f"a Hugging Face hub id (org/name) or an s3:// prefix")
+        return path.absolute()
+    target = Path(cache_dir) / "models" / _key(spec)
+    marker = target / ".complete"
+    with _lock(cache_dir, "model-" + _key(spec)):
+        if marker.is_file():
+            return Path(json.loads(marker.read_text())["path"])
+        if kind == "s3":
+            from trainer.storage import Storage
+
+            store = Storage.from_uri(spec, fs=storage_fs)
+            if not store.exists("config.json"):
+                raise ModelSourceError(f"model {spec!r}: no config.json under this s3:// prefix; "
+                                       f"upload a folder saved with save_pretrained there")
+            tmp = target.with_name(target.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            store.download_dir(tmp)
+            shutil.rmtree(target, ignore_errors=True)
+            tmp.rename(target)
+            path = target
+        else:
+            from huggingface_hub import snapshot_download
+
+            try:
+                path = Path(snapshot_download(spec, cache_dir=str(Path(cache_dir) / "hub"), allow_patterns=_HUB_FILES))
+            except Exception as e:  # noqa: BLE001 - any hub failure means the same thing to the user
+                raise ModelSourceError(
+                    f"model {spec!r}: not a local folder, and fetching it from the Hugging Face hub failed "
+                    f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); check the id, network "
+                    f"access and HF_TOKEN for gated models") from None
+            target.mkdir(parents=True, exist_ok=True)
+        marker.write_text(json.dumps({"path": str(path), "source": spec}))
+        return path
+
+
+def read_model_config(spec: str, *, storage_fs: Any = None):
+    """The model's config without downloading weights (used by the pre-flight checks)."""
+    from transformers import AutoConfig
+
+    kind = describe_source(spec)
+    try:
+        if kind == "local":
+            return AutoConfig.from_pretrained(str(resolve_model_path(spec, cache_dir="/nonexistent")))
+        if kind == "s3":
+            from trainer.storage import Storage
+
+            store = Storage.from_uri(spec, fs=storage_fs)
+            if not store.exists("config.json"):
+                raise ModelSourceError(f"model {spec!r}: no config.json under this s3:// prefix; "
+                                       f"upload a folder saved with save_pretrained there")
+            from transformers import PretrainedConfig
+
+            d = json.loads(store.read_text("config.json"))
+            return AutoConfig.for_model(d.pop("model_type"), **d) if "model_type" in d else PretrainedConfig(**d)
+        return AutoConfig.from_pretrained(spec)
+    except ModelSourceError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ModelSourceError(
+            f"model {spec!r}: cannot read its config ({first}); pass a local folder saved with "
+            f"save_pretrained, a Hugging Face hub id (org/name) or an s3:// prefix") from None
+
+
+def load_tokenizer(path: str | Path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path))
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def mixed_precision(use_gpu: bool):
+    """bf16 compute with fp32 gradient reduction on GPU; plain fp32 on CPU."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if use_gpu:
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
+
+
+def shard_model(model: nn.Module, mp_policy, mesh=None) -> nn.Module:
+    """fully_shard each decoder layer, the embedding/norm/lm_head group, then the root."""
+    from torch.distributed.fsdp import fully_shard
+
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    layers = list(decoder.layers)
+    for i, layer in enumerate(layers):
+        # The last layer is needed again right away by backward: keep it gathered.
+        fully_shard(layer, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=i < len(layers) - 1)
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if head is not None and head.weight is embed.weight:
+        fully_shard([embed, decoder.norm, head], mesh=mesh, mp_policy=mp_policy)
+    else:
+        fully_shard(embed, mesh=mesh, mp_policy=mp_policy)
+        fully_shard([decoder.norm, head], mesh=mesh, mp_policy=mp_policy)
+    fully_shard(model, mesh=mesh, mp_policy=mp_policy)
+    return model
+
+
+def _reset_rotary_buffers(model: nn.Module, device: torch.device) -> None:
+    """Non-persistent buffers (RoPE inverse frequencies) are not in any checkpoint: recompute them."""
+    for module in model.modules():
+        if hasattr(module, "inv_freq") and hasattr(module, "config"):
+            fresh = type(module)(module.config, device=device)
+            for name, buf in fresh.named_buffers(recurse=False):
+                setattr(module, name, buf)
+
+
+def has_weights(path: str | Path) -> bool:
+    return any(Path(path).glob("*.safetensors"))
+
+
+def load_weights(model: nn.Module, path: str | Path) -> None:
+    """Read this rank's slices of the safetensors files straight into the sharded parameters."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+
+    state = model.state_dict()
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if head is not None and head.weight is embed.weight:
+        state = {k: v for k, v in state.items() if k != "lm_head.weight"}
+    try:
+        dcp.load(state, storage_reader=HuggingFaceStorageReader(str(path)))
+    except Exception as e:  # noqa: BLE001
+        raise ModelSourceError(f"model weights in {path}: cannot be loaded into "
+                               f"{type(model).__name__} ({str(e).splitlines()[0][:300]})") from e
+
+
+def build_model(
+    path: str | Path,
+    *,
+    device: torch.device,
+    use_gpu: bool,
+    attn_implementation: str = "sdpa",
+    activation_checkpointing: bool = False,
+    mesh=None,
+    seed: int = 0,
+) -> nn.Module:
+    """A sharded, weight-loaded causal LM ready to train (random init if the folder has no weights)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(str(path))
+    config.use_cache = False
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation,
+                                                 dtype=torch.float32)
+    if activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    shard_model(model, mixed_precision(use_gpu), mesh=mesh)
+    model.to_empty(device=device)
+    _reset_rotary_buffers(model, device)
+    if has_weights(path):
+        load_weights(model, path)
+    else:
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            model.init_weights()
+    model.train()
+    return model
+
+
+def build_optimizer(model: nn.Module, *, lr: float, weight_decay: float, fused: bool,
+                    betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8) -> torch.optim.Optimizer:
+    """AdamW without decay on biases and norm weights; fused kernels on GPU."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.ndim >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    if fused:
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=True)
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, foreach=True)
+
+
+def lr_factor(step: int, *, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
+    """Multiplier of the peak LR at a step: linear warm-up, then cosine/linear decay to min_ratio."""
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    if schedule == "linear":
+        shape = 1.0 - progress
+    else:
+        shape = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return min_ratio + (1.0 - min_ratio) * shape
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, *, warmup: int, total: int, schedule: str,
+                    min_ratio: float) -> torch.optim.lr_scheduler.LambdaLR:
+    fn = partial(lr_factor, warmup=warmup, total=total, schedule=schedule, min_ratio=min_ratio)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
+
+
+def env_local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
