@@ -128,3 +128,13 @@ def test_more_gpu_nodes_than_the_stack_allows(stack, count):
     assert count == cap + 1
     (violation,) = only(evaluate(plan_stack(stack, gpuNodeCount=count), pack_config(stack)), "max-gpu-nodes")
     assert f"can run {count} GPU nodes (gpu-ng: {count}), more than maxGpuNodes={cap}" in violation.message
+
+
+def test_scale_to_zero_passes_and_is_capped_by_its_maximum_not_its_desired_size():
+    plan = plan_stack("dev", scaleToZero=True)
+    (gpu,) = [r for r in plan.of_type(rules.NODE_GROUP) if r.name == "gpu-ng"]
+    assert gpu.inputs["scalingConfig"]["desiredSize"] == 0
+    assert evaluate(plan, pack_config("dev")) == {rule.name: [] for rule in rules.RULES}
+    (violation,) = only(evaluate(plan_stack("dev", scaleToZero=True, gpuNodeCount=5), pack_config("dev")),
+                        "max-gpu-nodes")
+    assert "can run 5 GPU nodes (gpu-ng: 5)" in violation.message
