@@ -64,3 +64,44 @@ def test_a_kuberay_without_token_auth_is_refused():
     assert ("raytrain-eks:kuberayVersion: 1.4.0 is older than 1.5.1, the first KubeRay release whose RayCluster "
             "has authOptions") in str(err.value)
     assert stack_config("dev", kuberayVersion="1.5.1").kuberay_version == "1.5.1"
+
+
+# --- scaleToZero: the Cluster Autoscaler ---------------------------------------------------------------
+
+ROLE = "arn:aws:iam::123456789012:role/ca"
+
+
+def test_cluster_autoscaler_chart_version_and_image_follow_the_configuration():
+    chart = charts.cluster_autoscaler(stack_config("dev", scaleToZero=True), role_arn=ROLE)
+    assert (chart.chart, chart.version, chart.repository, chart.namespace, chart.runs_on) == (
+        "cluster-autoscaler", "9.59.0", "https://kubernetes.github.io/autoscaler", "kube-system", "system")
+    assert chart.values["image"] == {"repository": "registry.k8s.io/autoscaling/cluster-autoscaler", "tag": "v1.36.1"}
+    older = charts.cluster_autoscaler(stack_config("dev", scaleToZero=True, kubernetesVersion="1.35",
+                                                   clusterAutoscalerVersion="9.54.0"), role_arn=ROLE)
+    assert (older.version, older.values["image"]["tag"]) == ("9.54.0", "v1.35.2")
+
+
+def test_cluster_autoscaler_uses_its_own_irsa_role_and_runs_on_the_system_node():
+    cfg = stack_config("dev", scaleToZero=True, clusterName="lab")
+    values = charts.cluster_autoscaler(cfg, role_arn=ROLE).values
+    assert values["rbac"]["serviceAccount"] == {"create": True, "name": "cluster-autoscaler",
+                                                "annotations": {"eks.amazonaws.com/role-arn": ROLE}}
+    assert values["autoDiscovery"] == {"clusterName": "lab", "tags": [
+        "k8s.io/cluster-autoscaler/enabled", "k8s.io/cluster-autoscaler/lab"]}
+    assert values["awsRegion"] == cfg.region and values["cloudProvider"] == "aws"
+    assert values["nodeSelector"] == nodes.SYSTEM_LABELS and "tolerations" not in values
+    assert values["service"]["type"] == "ClusterIP"
+    assert values["resources"]["requests"]["memory"] == values["resources"]["limits"]["memory"]
+
+
+def test_cluster_autoscaler_is_not_among_the_fixed_releases():
+    assert "cluster-autoscaler" not in by_release(stack_config("dev", scaleToZero=True))
+
+
+def test_cluster_autoscaler_values_are_fresh_copies():
+    cfg = stack_config("dev", scaleToZero=True)
+    values = charts.cluster_autoscaler(cfg, role_arn=ROLE).values
+    values["nodeSelector"]["role"] = "changed"
+    values["extraArgs"]["expander"] = "random"
+    again = charts.cluster_autoscaler(cfg, role_arn=ROLE).values
+    assert again["nodeSelector"] == {"role": "system"} and again["extraArgs"]["expander"] == "least-waste"

@@ -230,3 +230,90 @@ def test_the_crd_schema_is_really_applied(raycluster_schema):
     manifest["spec"]["authOptions"]["mode"] = "password"
     with pytest.raises(jsonschema.ValidationError, match="'password' is not one of"):
         raycluster_schema.validate(manifest)
+
+
+# --- scaleToZero: the KubeRay in-tree autoscaler ---------------------------------------------------------
+
+def autoscaled(stack="dev", **overrides):
+    return build(stack, scaleToZero=True, **overrides)
+
+
+@pytest.mark.parametrize("stack", ["dev", "p5"])
+def test_autoscaled_manifest_validates_against_the_crd(stack, raycluster_schema, strict_raycluster_schema):
+    manifest = autoscaled(stack)
+    raycluster_schema.validate(manifest)
+    strict_raycluster_schema.validate(manifest)
+
+
+@pytest.mark.parametrize("gpu_type", sorted(catalog.GPU_TYPES))
+def test_every_catalog_gpu_type_gives_a_valid_autoscaled_manifest(gpu_type, strict_raycluster_schema):
+    strict_raycluster_schema.validate(autoscaled(gpuNodeType=gpu_type))
+
+
+def test_workers_scale_between_zero_and_the_gpu_node_count(raycluster_schema):
+    manifest = autoscaled(gpuNodeCount=3, gpuIdleTimeoutMinutes=4)
+    spec = manifest["spec"]
+    assert spec["enableInTreeAutoscaling"] is True
+    options = spec["autoscalerOptions"]
+    assert options["idleTimeoutSeconds"] == 240
+    assert options["image"] == IMAGE  # the same digest-pinned image as head and workers
+    group, _, container = worker_of(manifest)
+    assert (group["minReplicas"], group["maxReplicas"]) == (0, 3)
+    # The autoscaler owns `replicas`; the API server fills it in with the CRD default, which must be 0.
+    assert "replicas" not in group
+    replicas = raycluster_schema.schema["properties"]["spec"]["properties"]["workerGroupSpecs"]["items"][
+        "properties"]["replicas"]
+    assert replicas["default"] == 0
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == group["rayStartParams"]["num-gpus"] == "4"
+
+
+def test_cluster_autoscaler_never_evicts_a_ray_worker():
+    group, _, _ = worker_of(autoscaled())
+    assert group["template"]["metadata"]["annotations"] == {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
+    assert "annotations" not in worker_of(build())[0]["template"]["metadata"]
+
+
+def test_only_the_autoscaler_sidecar_gets_a_kubernetes_api_token():
+    manifest = autoscaled()
+    _, pod, head = head_of(manifest)
+    options = manifest["spec"]["autoscalerOptions"]
+    assert "automountServiceAccountToken" not in pod  # the service account keeps it off for Ray's own containers
+    (mount,) = options["volumeMounts"]
+    assert mount == {"name": raycluster.KUBE_API_VOLUME, "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+                     "readOnly": True}
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    sources = volume["projected"]["sources"]
+    assert [s["serviceAccountToken"]["path"] for s in sources if "serviceAccountToken" in s] == ["token"]
+    assert [i["path"] for s in sources if "configMap" in s for i in s["configMap"]["items"]] == ["ca.crt"]
+    assert [i["path"] for s in sources if "downwardAPI" in s for i in s["downwardAPI"]["items"]] == ["namespace"]
+    assert all(m["mountPath"] != mount["mountPath"] for m in head["volumeMounts"])
+    assert options["securityContext"] == {"allowPrivilegeEscalation": False, "privileged": False}
+
+
+@pytest.mark.parametrize("system_type", sorted(catalog.CPU_TYPES))
+def test_head_and_autoscaler_sidecar_fit_beside_the_cluster_autoscaler(system_type):
+    from workloads import charts
+
+    manifest = autoscaled(systemNodeType=system_type)
+    _, _, container = head_of(manifest)
+    sidecar = manifest["spec"]["autoscalerOptions"]["resources"]
+    assert sidecar["requests"] == sidecar["limits"]  # with the head's requests == limits: a Guaranteed pod
+    ca = charts.cluster_autoscaler(stack_config("dev", scaleToZero=True), role_arn="arn:x").values["resources"]["requests"]
+    millicores = lambda q: float(q[:-1]) / 1000 if q.endswith("m") else float(q)  # noqa: E731
+    cpu = millicores(container["resources"]["requests"]["cpu"]) + millicores(sidecar["requests"]["cpu"]) \
+        + millicores(ca["cpu"]) + SYSTEM_NODE_OTHERS[0]
+    memory = quantity_gib(container["resources"]["requests"]["memory"]) + quantity_gib(sidecar["requests"]["memory"]) \
+        + quantity_gib(ca["memory"]) + SYSTEM_NODE_OTHERS[1]
+    node = catalog.CPU_TYPES[system_type]
+    node_cpu, node_memory = allocatable(node.vcpus, node.memory_gib, efa=False)
+    assert cpu <= node_cpu and memory <= node_memory
+
+
+def test_autoscaled_manifest_is_pure():
+    cfg = stack_config("dev", scaleToZero=True)
+    first = raycluster.manifest(cfg, image=IMAGE, checkpoint_uri=CHECKPOINTS)
+    snapshot = copy.deepcopy(first)
+    first["spec"]["autoscalerOptions"]["resources"]["limits"]["cpu"] = "9"
+    first["spec"]["workerGroupSpecs"][0]["template"]["metadata"]["annotations"].clear()
+    assert raycluster.AUTOSCALER_RESOURCES["cpu"] == "250m"
+    assert raycluster.manifest(cfg, image=IMAGE, checkpoint_uri=CHECKPOINTS) == snapshot
