@@ -24,7 +24,7 @@ from trainer import checkpoint as ckpt
 from trainer import flops as flops_lib
 from trainer.config import TrainConfig, total_steps
 from trainer.data import PackedData, prepare
-from trainer.metrics import METRICS_FILE, TENSORBOARD_DIR, IntervalTracker, MetricsWriter
+from trainer.metrics import EVENTS_FILE, METRICS_FILE, TENSORBOARD_DIR, IntervalTracker, MetricsWriter
 from trainer.model import build_model, build_optimizer, build_scheduler, load_tokenizer, resolve_model_path
 from trainer.step import train_step
 from trainer.storage import Storage
@@ -106,6 +106,8 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
                            progress=cfg.progress)
     fpt = flops_lib.flops_per_token(model.config, cfg.seq_len)
     tracker = IntervalTracker(env.device, fpt, flops_lib.device_peak_flops(cfg.peak_tflops), env.world_size)
+    writer.event("resume" if resume_from else "start", step=start, world_size=env.world_size,
+                 checkpoint=storage.path(resume_from) if resume_from else None, total_steps=steps)
     if rank0:
         log.info("training %s for %d steps (start %d): %d workers x %d micro-batches x %d sequences of %d tokens",
                  cfg.model, steps, start, env.world_size, cfg.grad_accum_steps, cfg.micro_batch_size, cfg.seq_len)
@@ -135,14 +137,16 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
             path = ckpt.save(storage, done, model, optimizer, scheduler,
                              data.position(done, cfg.global_batch_size),
                              extra={"data_fingerprint": data.fingerprint, "total_steps": steps})
+            writer.event("checkpoint", step=done, path=path)
             if rank0 and not storage.is_local:
                 _upload_metrics(storage, metrics_dir)
             if reporter:
                 reporter(last or {"step": done}, path)
 
-    writer.close()
     if cfg.export:
-        ckpt.export_hf(storage, model, tokenizer, source=model_path)
+        exported = ckpt.export_hf(storage, model, tokenizer, source=model_path)
+        writer.event("export", step=steps, path=exported)
+    writer.close()
     if rank0 and not storage.is_local:
         _upload_metrics(storage, metrics_dir)
     return last
@@ -155,14 +159,16 @@ def _metrics_dir(cfg: TrainConfig, storage: Storage, rank0: bool) -> Path:
     mirror = Path(cfg.resolved_cache_dir) / "runs" / cfg.resolved_run_name
     if rank0:
         mirror.mkdir(parents=True, exist_ok=True)
-        if storage.exists(METRICS_FILE):
-            (mirror / METRICS_FILE).write_bytes(storage.read_bytes(METRICS_FILE))
+        for name in (METRICS_FILE, EVENTS_FILE):
+            if storage.exists(name):
+                (mirror / name).write_bytes(storage.read_bytes(name))
     return mirror
 
 
 def _upload_metrics(storage: Storage, folder: Path) -> None:
-    if (folder / METRICS_FILE).is_file():
-        storage.upload_file(folder / METRICS_FILE, METRICS_FILE)
+    for name in (METRICS_FILE, EVENTS_FILE):
+        if (folder / name).is_file():
+            storage.upload_file(folder / name, name)
     if (folder / TENSORBOARD_DIR).is_dir():
         storage.upload_dir(folder / TENSORBOARD_DIR, TENSORBOARD_DIR)
 

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from trainer import flops as flops_lib
 
 METRICS_FILE = "metrics.jsonl"
+EVENTS_FILE = "events.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 
 
@@ -148,6 +149,13 @@ class MetricsWriter:
         self.tb.flush()
         if self.bar is not None:
             self.bar.show(step, metrics)
+
+    def event(self, kind: str, **fields: Any) -> None:
+        """Run lifecycle (start, resume, checkpoint, export) for humans and tests; one JSON per line."""
+        if not self.enabled:
+            return
+        with (self.folder / EVENTS_FILE).open("a") as f:
+            f.write(json.dumps({"event": kind, "time": round(time.time(), 3), **fields}) + "\n")
 
     def close(self) -> None:
         if self.tb is not None:

@@ -1,0 +1,119 @@
+"""End to end on the session's real Ray cluster (CPU, gloo): the demo CLI, worker-count invariance,
+failure + resume, and the Hugging Face export."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer import checkpoint as ckpt
+from trainer import demo, launch, local
+from trainer.metrics import read_metrics
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 10
+# Small, fast and identical for every run below; 2 micro-batches per rank with 2 workers, 4 with 1.
+COMMON = ["--steps", str(STEPS), "--seed", "0", "--global-batch-size", "8", "--micro-batch-size", "2",
+          "--seq-len", "128", "--log-every", "1", "--checkpoint-every", "5", "--no-progress"]
+
+
+def _losses(run: Path) -> list[float]:
+    rows = read_metrics(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    return [r["loss"] for r in rows]
+
+
+def _events(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+
+
+def _config(out: Path, workers: int):
+    args = local._parser().parse_args(COMMON + ["--workers", str(workers), "--out", str(out)])
+    local.prepare_assets(out, seed=0)
+    return local.make_config(args, out)
+
+
+@pytest.fixture(scope="module")
+def demo_run(ray_cluster, trainer_cache, tmp_path_factory):
+    """`python -m trainer local` with 2 workers against the session cluster: the reference run."""
+    out = tmp_path_factory.mktemp("runs") / "two-workers"
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer", "local", "--workers", "2", "--max-failures", "0",
+         "--address", ray_cluster.address, "--out", str(out)] + COMMON,
+        cwd=REPO, env=ray_cluster.client_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return out, proc.stdout
+
+
+def test_local_demo_trains_checkpoints_exports_and_reports(demo_run):
+    out, stdout = demo_run
+    for needle in ("held-out exact match before training", "exact match", "metrics", str(out / "model")):
+        assert needle in stdout, needle
+    rows = read_metrics(out / "metrics.jsonl")
+    for key in ("step", "loss", "lr", "grad_norm", "tokens_per_s", "step_time_s", "data_wait_s", "peak_mem_gb"):
+        assert all(key in r for r in rows), key
+    assert rows[-1]["loss"] < rows[0]["loss"]
+    assert all(r["tokens_per_s"] > 0 and r["grad_norm"] > 0 for r in rows)
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+    names = sorted(p.name for p in out.glob("checkpoint_0*"))
+    assert names == ["checkpoint_00000005", "checkpoint_00000010"]
+    for name in names:
+        marker = json.loads((out / name / ckpt.MARKER).read_text())
+        assert marker["step"] == int(name.split("_")[1]) and marker["world_size"] == 2
+        assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= {p.name for p in (out / name).iterdir()}
+        assert (out / name / "rng" / "rank_1.pt").is_file()
+        state = json.loads((out / name / ckpt.TRAIN_STATE).read_text())
+        assert state["data_position"]["rows_consumed"] == 8 * state["step"]
+    assert [e["event"] for e in _events(out)] == ["start", "checkpoint", "checkpoint", "export"]
+
+
+def test_one_worker_matches_two_workers_for_the_same_global_batch(demo_run, trainer_cache, tmp_path):
+    out2, _ = demo_run
+    out1 = tmp_path / "one-worker"
+    cfg = _config(out1, workers=1)
+    assert cfg.grad_accum_steps == 4
+    launch.train(cfg)
+    one, two = _losses(out1), _losses(out2)
+    rel = [abs(a - b) / abs(b) for a, b in zip(one, two)]
+    assert max(rel) < 1e-3, list(zip(one, two))
+    assert len(set(one)) > 1  # the losses move: the comparison is not between constants
+
+
+def test_a_failed_worker_group_resumes_from_the_last_checkpoint_with_the_same_losses(demo_run, trainer_cache,
+                                                                                     tmp_path):
+    out2, _ = demo_run
+    out = tmp_path / "interrupted"
+    cfg = dataclasses.replace(_config(out, workers=2), fail_at_step=8, max_failures=1)
+    launch.train(cfg)
+    events = _events(out)
+    assert [e["event"] for e in events][:3] == ["start", "checkpoint", "resume"]
+    assert events[2]["step"] == 5 and events[2]["checkpoint"].endswith("checkpoint_00000005")
+    resumed, reference = _losses(out), _losses(out2)
+    assert max(abs(a - b) / abs(b) for a, b in zip(resumed, reference)) < 1e-4, list(zip(resumed, reference))
+
+
+def test_export_loads_with_from_pretrained_and_generates(demo_run):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out, _ = demo_run
+    model = AutoModelForCausalLM.from_pretrained(out / "model")
+    tok = AutoTokenizer.from_pretrained(out / "model")
+    assert model.dtype == torch.bfloat16
+    assert (out / "model" / "generation_config.json").is_file() and tok.chat_template
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # still tied
+    init = AutoModelForCausalLM.from_pretrained(out / "init-model")
+    moved = (model.model.layers[0].mlp.up_proj.weight.float() - init.model.layers[0].mlp.up_proj.weight).abs().max()
+    assert moved > 1e-3  # the exported weights are the trained ones
+    prompt = tok.apply_chat_template([{"role": "user", "content": "reverse: abc"}], tokenize=False,
+                                     add_generation_prompt=True)
+    enc = tok(prompt, return_tensors="pt", add_special_tokens=False)
+    gen = model.generate(**enc, max_new_tokens=5, do_sample=False, pad_token_id=tok.pad_token_id)
+    assert gen.shape[1] > enc["input_ids"].shape[1]
+    rows = demo.read_jsonl(out / "data" / "heldout.jsonl")[:8]
+    assert 0.0 <= demo.exact_match(model, tok, rows) <= 1.0
