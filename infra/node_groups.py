@@ -92,13 +92,15 @@ class GpuNodeGroup(pulumi.ComponentResource):
         )
 
         # EKS keeps node-group tags off the Auto Scaling Group it creates; the Cluster Autoscaler reads the ASG.
-        self.asg_name = self.node_group.resources.apply(lambda groups: groups[0].autoscaling_groups[0].name)
-        self.asg_tags = [
-            aws.autoscaling.Tag(
-                f"{name}-asg-{autoscaling.tag_resource_name(key)}",
-                autoscaling_group_name=self.asg_name,
-                tag=aws.autoscaling.TagTagArgs(key=key, value=value, propagate_at_launch=False),
-                opts=child)
-            for key, value in autoscaling.asg_tags(cfg).items()
-        ]
+        self.asg_tags: list[aws.autoscaling.Tag] = []
+        if asg_tags := autoscaling.asg_tags(cfg):
+            asg_name = self.node_group.resources.apply(lambda groups: groups[0].autoscaling_groups[0].name)
+            self.asg_tags = [
+                aws.autoscaling.Tag(
+                    f"{name}-asg-{autoscaling.tag_resource_name(key)}",
+                    autoscaling_group_name=asg_name,
+                    tag=aws.autoscaling.TagTagArgs(key=key, value=value, propagate_at_launch=False),
+                    opts=child)
+                for key, value in asg_tags.items()
+            ]
         self.register_outputs({"nodeGroupName": self.node_group.node_group_name})
