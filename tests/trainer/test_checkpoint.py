@@ -1,0 +1,89 @@
+"""Checkpoint storage, completion markers, and a save/load round trip of the whole training state."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from trainer import checkpoint as ckpt
+from trainer.data import prepare
+from trainer.model import build_model, build_optimizer, build_scheduler, load_tokenizer
+from trainer.step import train_step
+from trainer.storage import Storage
+
+from .conftest import free_port
+
+
+@pytest.fixture
+def process_group():
+    """A one-rank gloo group: the same collectives code path as the Ray workers."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_storage_round_trips_files_and_lists_folders(tmp_path):
+    store = Storage.from_uri(str(tmp_path / "run"))
+    store.write_text("hello", "a", "b.txt")
+    (tmp_path / "local").mkdir()
+    (tmp_path / "local" / "x.bin").write_bytes(b"\x00\x01")
+    store.upload_dir(tmp_path / "local", "c")
+    assert store.read_text("a", "b.txt") == "hello" and store.list_dirs() == ["a", "c"]
+    assert store.list_files() == ["a/b.txt", "c/x.bin"]
+    store.download_dir(tmp_path / "back", "c")
+    assert (tmp_path / "back" / "x.bin").read_bytes() == b"\x00\x01"
+    store.delete_dir("a")
+    assert not store.exists("a") and store.is_dir("c")
+
+
+def test_folders_without_the_completion_marker_are_never_resumed(tmp_path):
+    store = Storage.from_uri(str(tmp_path))
+    for step in (5, 10):
+        store.write_text("{}", ckpt.dir_name(step), ckpt.TRAIN_STATE)
+    store.write_text(json.dumps({"step": 5}), ckpt.dir_name(5), ckpt.MARKER)
+    store.write_text("junk", "checkpoint_manager_snapshot.json")
+    assert ckpt.latest_complete(store) == "checkpoint_00000005"
+    # even when Ray reports the incomplete one as its latest checkpoint
+    assert ckpt.latest_complete(store, preferred=store.path("checkpoint_00000010")) == "checkpoint_00000005"
+    store.write_text("{}", ckpt.dir_name(10), ckpt.MARKER)
+    assert ckpt.latest_complete(store) == "checkpoint_00000010"
+    assert ckpt.latest_complete(Storage.from_uri(str(tmp_path / "empty"))) is None
+
+
+def _setup(model_path, total=20):
+    model = build_model(model_path, device=torch.device("cpu"), use_gpu=False)
+    opt = build_optimizer(model, lr=1e-3, weight_decay=0.1, fused=False)
+    sched = build_scheduler(opt, warmup=3, total=total, schedule="cosine", min_ratio=0.1)
+    return model, opt, sched
+
+
+def test_save_then_load_restores_model_optimizer_schedule_and_rng(process_group, demo_assets, tmp_path):
+    tok = load_tokenizer(demo_assets["model"])
+    data = prepare(str(demo_assets["train"]), "train", tok, 128, tmp_path / "cache")
+    batches = lambda s: data.micro_batches(s, rank=0, world_size=1, global_batch=4, micro_batch=2, seed=0)  # noqa: E731
+    model, opt, sched = _setup(demo_assets["model"])
+    for s in range(3):
+        train_step(model, opt, sched, batches(s), device=torch.device("cpu"))
+    store = Storage.from_uri(str(tmp_path / "run"))
+    torch.manual_seed(123), random.seed(123), np.random.seed(123)
+    path = ckpt.save(store, 3, model, opt, sched, data.position(3, 4))
+    expected_rng = (torch.rand(1), random.random(), np.random.rand())
+    lr_at_save = opt.param_groups[0]["lr"]
+    assert path.endswith("checkpoint_00000003") and ckpt.is_complete(store, "checkpoint_00000003")
+    continued = [float(train_step(model, opt, sched, batches(s), device=torch.device("cpu")).loss) for s in (3, 4)]
+
+    model2, opt2, sched2 = _setup(demo_assets["model"])
+    torch.manual_seed(999)
+    state = ckpt.load(store, ckpt.latest_complete(store), model2, opt2, sched2)
+    assert state["step"] == 3 and state["data_position"]["rows_consumed"] == 12
+    assert (torch.rand(1), random.random(), np.random.rand()) == expected_rng
+    assert sched2.last_epoch == 3 and opt2.param_groups[0]["lr"] == pytest.approx(lr_at_save)
+    resumed = [float(train_step(model2, opt2, sched2, batches(s), device=torch.device("cpu")).loss) for s in (3, 4)]
+    assert resumed == pytest.approx(continued, rel=1e-6)
