@@ -48,8 +48,9 @@ def preflight(cfg: TrainConfig, storage_filesystem: Any = None) -> dict:
     return info
 
 
-def build_trainer(cfg: TrainConfig, storage_filesystem: Any = None):
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+def build_trainer(cfg: TrainConfig, storage_filesystem: Any = None, *, quiet: bool = False):
+    """TorchTrainer running trainer.loop.train_func; `quiet` hides Ray Train's own INFO logs."""
+    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     from trainer.loop import train_func
@@ -67,16 +68,17 @@ def build_trainer(cfg: TrainConfig, storage_filesystem: Any = None):
             storage_filesystem=storage_filesystem,
             failure_config=FailureConfig(max_failures=cfg.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.num_to_keep),
-            worker_runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
+            worker_runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "TRAINER_QUIET_RAY": str(int(quiet))}},
+            logging_config=LoggingConfig(log_level="WARNING" if quiet else "INFO"),
         ),
     )
 
 
-def train(cfg: TrainConfig, storage_filesystem: Any = None, *, check: bool = True):
+def train(cfg: TrainConfig, storage_filesystem: Any = None, *, check: bool = True, quiet: bool = False):
     """Pre-flight, then fit on the Ray cluster this process is connected to; returns Ray's Result."""
     if check:
         preflight(cfg, storage_filesystem)
-    return build_trainer(cfg, storage_filesystem).fit()
+    return build_trainer(cfg, storage_filesystem, quiet=quiet).fit()
 
 
 def main(argv: Sequence[str]) -> int:

@@ -17,7 +17,7 @@ from typing import Sequence
 from trainer import demo
 from trainer.config import ConfigError, TrainConfig, split_out, validate
 
-DEFAULTS = dict(workers=2, steps=600, seed=0, global_batch_size=16, log_every=25, checkpoint_every=200,
+DEFAULTS = dict(workers=2, steps=400, seed=0, global_batch_size=32, log_every=20, checkpoint_every=200,
                 max_failures=1, lr=3e-3, seq_len=128)
 
 
@@ -48,7 +48,7 @@ def _micro_batch(global_batch: int, workers: int, requested: int | None) -> int:
     if requested:
         return requested
     per_rank = max(1, global_batch // max(1, workers))
-    return max(d for d in range(1, min(8, per_rank) + 1) if per_rank % d == 0)
+    return max(d for d in range(1, min(16, per_rank) + 1) if per_rank % d == 0)
 
 
 def make_config(args: argparse.Namespace, out: Path) -> TrainConfig:
@@ -61,7 +61,7 @@ def make_config(args: argparse.Namespace, out: Path) -> TrainConfig:
         steps=args.steps,
         lr=args.lr,
         min_lr_ratio=0.1,
-        warmup_steps=min(30, max(0, args.steps // 10)),
+        warmup_steps=min(40, max(0, args.steps // 10)),
         schedule="cosine",
         seed=args.seed,
         log_every=args.log_every,
@@ -108,6 +108,15 @@ def _samples(path: Path, rows: list[dict], n: int = 3) -> list[tuple[str, str, s
     return out
 
 
+def _quiet_libraries() -> None:
+    """No per-file progress bars from transformers / huggingface_hub in the demo's output."""
+    import huggingface_hub.utils
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()
+    huggingface_hub.utils.disable_progress_bars()
+
+
 def main(argv: Sequence[str]) -> int:
     args = _parser().parse_args(list(argv))
     t_start = time.perf_counter()
@@ -118,6 +127,7 @@ def main(argv: Sequence[str]) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
+    _quiet_libraries()
     print(f"[1/5] preparing the tiny Qwen2 model and the instruction data in {out}", flush=True)
     init_model, eval_rows = prepare_assets(out, args.seed)
     cfg = make_config(args, out)
@@ -131,19 +141,23 @@ def main(argv: Sequence[str]) -> int:
     import ray
 
     if args.address:
-        ray.init(address=args.address, logging_level="WARNING")
-        where = f"Ray cluster at {args.address}"
+        ctx = ray.init(address=args.address, logging_level="WARNING")
+        where = f"the Ray cluster at {args.address}"
     else:
-        ray.init(num_cpus=max(2, args.workers), include_dashboard=False, logging_level="WARNING")
+        # The dashboard serves the State API that Ray Train's placement-group cleaner polls.
+        ctx = ray.init(num_cpus=max(2, args.workers), include_dashboard=True, logging_level="WARNING")
         where = "a local Ray cluster"
-    print(f"[3/5] training on {where}: {cfg.num_workers} CPU workers (gloo), {cfg.steps} steps, "
-          f"global batch {cfg.global_batch_size} x {cfg.seq_len} tokens", flush=True)
+    dashboard = f"http://{ctx.dashboard_url}" if getattr(ctx, "dashboard_url", None) else "n/a"
+    print(f"[3/5] training on {where} (dashboard {dashboard}): {cfg.num_workers} CPU workers (gloo), "
+          f"{cfg.steps} steps, global batch {cfg.global_batch_size} x {cfg.seq_len} tokens", flush=True)
     t_train = time.perf_counter()
     try:
-        result = train(cfg, check=False)
+        result = train(cfg, check=False, quiet=True)
     except Exception as e:  # noqa: BLE001 - Ray raises the workers' error from fit()
         print(f"error: training failed: {e}", file=sys.stderr)
         return 1
+    finally:
+        ray.shutdown()  # frees the CPUs for the evaluation; a local cluster stops here
     train_s = time.perf_counter() - t_train
     if result.error:
         print(f"error: training failed: {result.error}", file=sys.stderr)
@@ -155,7 +169,7 @@ def main(argv: Sequence[str]) -> int:
     from trainer.metrics import read_metrics
 
     metrics = read_metrics(out / "metrics.jsonl")
-    checkpoints = sorted(p.name for p in out.glob("checkpoint_*"))
+    checkpoints = sorted(p.name for p in out.glob("checkpoint_0*") if p.is_dir())
     print("[5/5] done in {:.0f} s (training job {:.0f} s)".format(time.perf_counter() - t_start, train_s))
     for prompt, want, got in _samples(model_dir, eval_rows):
         print(f"      {prompt!r:>24} -> {got!r} (expected {want!r})")

@@ -173,11 +173,24 @@ def _upload_metrics(storage: Storage, folder: Path) -> None:
         storage.upload_dir(folder / TENSORBOARD_DIR, TENSORBOARD_DIR)
 
 
+def _quiet_ray_reports() -> None:
+    """Ray Train logs every report with its metrics at INFO under a file-path logger name."""
+    try:
+        from ray.train.v2._internal.execution import context as ray_context
+
+        ray_context.logger.setLevel(logging.WARNING)
+    except (ImportError, AttributeError):
+        pass
+
+
 def train_func(config: dict) -> None:
     """Ray Train entry point (one call per worker)."""
     import ray.train
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    log.setLevel(logging.INFO)  # Ray Train's root handlers forward it to the driver (print would be doubled)
+    logging.getLogger("huggingface_hub").setLevel(logging.WARNING)
+    if os.environ.get("TRAINER_QUIET_RAY") == "1":
+        _quiet_ray_reports()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     cfg = TrainConfig.from_dict(config)
     ctx = ray.train.get_context()

@@ -8,6 +8,7 @@ host sync (.item()) happen at logging steps only.
 from __future__ import annotations
 
 import json
+import logging
 import resource
 import sys
 import time
@@ -110,7 +111,11 @@ class ProgressBar:
                 f"{_clock(elapsed)} elapsed, {_clock(left)} left")
 
     def show(self, step: int, metrics: dict[str, Any]) -> None:
-        print(self.line(step, metrics), flush=True)
+        logger = logging.getLogger("trainer")
+        if logger.hasHandlers():  # inside Ray Train: its handlers forward one copy to the driver
+            logger.info(self.line(step, metrics))
+        else:
+            print(self.line(step, metrics), flush=True)
 
 
 def _clock(seconds: float) -> str:
