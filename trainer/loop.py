@@ -77,10 +77,13 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
     torch.manual_seed(cfg.seed)
 
     # -- model, tokenizer, data (downloaded / tokenized once per node)
-    model_path = resolve_model_path(cfg.model, cache_dir, storage_fs=storage.fs if cfg.model.startswith("s3://") else None)
-    tokenizer = load_tokenizer(resolve_model_path(cfg.tokenizer, cache_dir) if cfg.tokenizer else model_path)
+    # s3:// inputs go through the run storage's filesystem when that is remote (same endpoint/credentials)
+    remote_fs = None if storage.is_local else storage.fs
+    model_path = resolve_model_path(cfg.model, cache_dir, storage_fs=remote_fs)
+    tokenizer = load_tokenizer(resolve_model_path(cfg.tokenizer, cache_dir, storage_fs=remote_fs)
+                               if cfg.tokenizer else model_path)
     data: PackedData = prepare(cfg.dataset, cfg.dataset_split, tokenizer, cfg.seq_len, cache_dir,
-                               storage_fs=storage.fs if cfg.dataset.startswith("s3://") else None)
+                               storage_fs=remote_fs)
     steps = total_steps(cfg, data.steps_per_epoch(cfg.global_batch_size))
     data.step_rows(0, cfg.global_batch_size, cfg.seed)  # fails early if the data is smaller than one batch
 

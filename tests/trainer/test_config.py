@@ -80,3 +80,11 @@ def test_run_name_is_derived_and_out_sets_storage_and_name(tmp_path):
 def test_round_trips_through_a_dict():
     cfg = parse(BASE + ["--steps", "7"])
     assert TrainConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_steps_or_epochs_set_the_length_of_the_run():
+    from trainer.config import total_steps
+
+    assert total_steps(parse(BASE + ["--steps", "7"]), steps_per_epoch=100) == 7
+    assert total_steps(parse(BASE + ["--epochs", "3"]), steps_per_epoch=100) == 300
+    assert total_steps(parse(BASE), steps_per_epoch=100) == 100  # one epoch by default

@@ -1,0 +1,97 @@
+"""Model setup: meta-device build, FSDP2 groups, sharded weight loading, schedule, activation checkpointing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from trainer.data import prepare
+from trainer.model import (ModelSourceError, build_model, build_optimizer, describe_source, load_tokenizer,
+                           lr_factor, resolve_model_path)
+from trainer.step import train_step
+
+from .conftest import free_port
+
+
+@pytest.fixture
+def process_group():
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_sharded_model_loads_the_checkpoint_weights_exactly(process_group, demo_assets):
+    from transformers import AutoModelForCausalLM
+
+    model = build_model(demo_assets["model"], device=torch.device("cpu"), use_gpu=False)
+    reference = AutoModelForCausalLM.from_pretrained(demo_assets["model"])
+    ids = torch.randint(0, 100, (2, 24))
+    pos = torch.arange(24).expand(2, 24)
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids, position_ids=pos).logits,
+                                   reference(input_ids=ids, position_ids=pos).logits, rtol=0, atol=0)
+    # tied embedding / lm_head survive sharding as one parameter, in one FSDP group with the final norm
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert isinstance(model.lm_head.weight, DTensor)
+    groups = [type(m).__name__ for m in model.modules() if hasattr(m, "unshard")]
+    assert groups.count("FSDPQwen2DecoderLayer") == 2 and "FSDPEmbedding" in groups
+
+
+def test_activation_checkpointing_changes_memory_not_numbers(process_group, demo_assets, tmp_path):
+    tok = load_tokenizer(demo_assets["model"])
+    data = prepare(str(demo_assets["train"]), "train", tok, 128, tmp_path / "cache")
+    results = []
+    for ac in (False, True):
+        model = build_model(demo_assets["model"], device=torch.device("cpu"), use_gpu=False,
+                            activation_checkpointing=ac)
+        assert model.is_gradient_checkpointing == ac
+        opt = build_optimizer(model, lr=1e-3, weight_decay=0.0, fused=False)
+        outs = [train_step(model, opt, None, data.micro_batches(s, rank=0, world_size=1, global_batch=4,
+                                                                 micro_batch=2, seed=0), device=torch.device("cpu"))
+                for s in range(2)]
+        results.append([v for o in outs for v in (float(o.loss), float(o.grad_norm))])
+    assert results[0] == pytest.approx(results[1], rel=1e-5)
+
+
+def test_a_folder_without_weights_gets_a_random_init(process_group, demo_assets, tmp_path):
+    folder = tmp_path / "config-only"
+    folder.mkdir()
+    shutil.copy(demo_assets["model"] / "config.json", folder)
+    model = build_model(folder, device=torch.device("cpu"), use_gpu=False)
+    w = model.model.layers[0].mlp.up_proj.weight.full_tensor()
+    assert 0.01 < float(w.std()) < 0.03  # initializer_range 0.02
+    assert torch.all(model.model.norm.weight.full_tensor() == 1)
+
+
+def test_schedules_warm_up_then_decay_to_the_floor():
+    kw = dict(warmup=10, total=110, min_ratio=0.1)
+    assert [lr_factor(s, schedule="cosine", **kw) for s in (0, 4, 9)] == pytest.approx([0.1, 0.5, 1.0])
+    assert lr_factor(60, schedule="cosine", **kw) == pytest.approx(0.55)
+    assert lr_factor(60, schedule="linear", **kw) == pytest.approx(0.55)
+    assert lr_factor(35, schedule="linear", **kw) == pytest.approx(0.1 + 0.9 * 0.75)
+    assert lr_factor(110, schedule="cosine", **kw) == pytest.approx(0.1)
+    assert lr_factor(500, schedule="constant", **kw) == 1.0
+
+
+def test_optimizer_skips_decay_on_biases_and_norms(process_group, demo_assets):
+    model = build_model(demo_assets["model"], device=torch.device("cpu"), use_gpu=False)
+    decay, no_decay = build_optimizer(model, lr=1e-3, weight_decay=0.1, fused=False).param_groups
+    assert decay["weight_decay"] == 0.1 and all(p.ndim == 2 for p in decay["params"])
+    assert no_decay["weight_decay"] == 0.0 and all(p.ndim == 1 for p in no_decay["params"])
+
+
+def test_model_sources_are_recognised_and_bad_ones_explained(tmp_path, demo_assets):
+    assert describe_source("Qwen/Qwen2.5-1.5B") == "hub"
+    assert describe_source("s3://bucket/models/qwen") == "s3"
+    assert describe_source(str(demo_assets["model"])) == "local"
+    assert resolve_model_path(str(demo_assets["model"]), tmp_path) == demo_assets["model"]
+    with pytest.raises(ModelSourceError, match="has no config.json"):
+        resolve_model_path(str(tmp_path), tmp_path)
+    with pytest.raises(ModelSourceError, match="does not exist"):
+        resolve_model_path("./no/such/folder", tmp_path)
