@@ -45,12 +45,13 @@ class WorkerEnv:
     mesh: Any
 
 
-def setup_parallel(cfg: TrainConfig, rank: int, world_size: int, local_rank: int) -> WorkerEnv:
+def setup_parallel(cfg: TrainConfig, rank: int, world_size: int, local_rank: int,
+                   device: torch.device | None = None) -> WorkerEnv:
     """Device and 1-D FSDP mesh over the process group Ray Train created (NCCL on GPU, gloo on CPU)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     if cfg.use_gpu:
-        device = torch.device("cuda", local_rank)
+        device = device or torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
@@ -137,14 +138,16 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
             last = {**tracker.summarize(done), "epoch": data.position(done, cfg.global_batch_size)["epoch"]}
             writer.log(last)
         if save_now:
+            t_save = time.perf_counter()
             path = ckpt.save(storage, done, model, optimizer, scheduler,
                              data.position(done, cfg.global_batch_size),
                              extra={"data_fingerprint": data.fingerprint, "total_steps": steps})
             writer.event("checkpoint", step=done, path=path)
             if rank0 and not storage.is_local:
                 _upload_metrics(storage, metrics_dir)
-            if reporter:
-                reporter(last or {"step": done}, path)
+            if reporter:  # ray.train.report is a barrier: only here, never every step
+                reporter({**last, "checkpoint_step": done}, path)
+            tracker.exclude(time.perf_counter() - t_save)
 
     if cfg.export:
         exported = ckpt.export_hf(storage, model, tokenizer, source=model_path)
@@ -197,7 +200,12 @@ def train_func(config: dict) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     cfg = TrainConfig.from_dict(config)
     ctx = ray.train.get_context()
-    env = setup_parallel(cfg, ctx.get_world_rank(), ctx.get_world_size(), ctx.get_local_rank())
+    device = None
+    if cfg.use_gpu:
+        import ray.train.torch
+
+        device = ray.train.torch.get_device()  # the GPU Ray assigned to this worker
+    env = setup_parallel(cfg, ctx.get_world_rank(), ctx.get_world_size(), ctx.get_local_rank(), device)
     ray_storage = ctx.get_storage()
     storage = Storage(ray_storage.storage_filesystem, ray_storage.experiment_fs_path)
     latest = ray.train.get_checkpoint()

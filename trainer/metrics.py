@@ -38,12 +38,17 @@ class IntervalTracker:
 
     def _reset(self) -> None:
         self.t0 = time.perf_counter()
+        self.excluded = 0.0
         self.steps = 0
         self.data_wait = 0.0
         self.tokens = 0
         self.loss_sum = torch.zeros((), device=self.device)
         self.grad_norm = torch.zeros((), device=self.device)
         self.lr = 0.0
+
+    def exclude(self, seconds: float) -> None:
+        """Time spent outside training steps (checkpointing) that must not dilute throughput."""
+        self.excluded += seconds
 
     def add(self, out, data_wait_s: float) -> None:
         self.steps += 1
@@ -58,7 +63,7 @@ class IntervalTracker:
         if dist.is_available() and dist.is_initialized() and self.world_size > 1:
             dist.all_reduce(tokens)
         loss = (self.loss_sum / max(1, self.steps)).item()
-        elapsed = time.perf_counter() - self.t0
+        elapsed = time.perf_counter() - self.t0 - self.excluded
         global_tokens = int(tokens.item())
         self.total_tokens += global_tokens
         tps = global_tokens / elapsed if elapsed > 0 else 0.0
@@ -102,7 +107,7 @@ class ProgressBar:
     def line(self, step: int, metrics: dict[str, Any]) -> str:
         frac = min(1.0, step / self.total)
         filled = int(round(frac * self.width))
-        elapsed = time.perf_counter() - self.t0
+        elapsed = time.perf_counter() - self.t0 - self.excluded
         done_here = max(1, step - self.start)
         left = elapsed / done_here * (self.total - step)
         tps = metrics.get("tokens_per_s") or 0.0
