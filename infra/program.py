@@ -87,6 +87,9 @@ def main() -> dict[str, pulumi.Output]:
         "rayIrsaRoleArn": store.role.arn,
         "rayNamespace": pulumi.Output.from_input(cfg.ray_namespace),
         "rayHeadService": pulumi.Output.from_input(cfg.ray_head_service),
+        "rayClusterName": pulumi.Output.from_input(cfg.ray_cluster_name),
+        "gpuNodeType": pulumi.Output.from_input(cfg.gpu_node_type),
+        "gpuNodeCount": pulumi.Output.from_input(cfg.gpu_node_count),
         "dashboardPortForward": pulumi.Output.from_input(
             f"kubectl -n {cfg.ray_namespace} port-forward svc/{cfg.ray_head_service} 8265:8265"),
         "estimatedCostPerHour": pulumi.Output.from_input(hourly_cost(cfg)),

@@ -9,7 +9,12 @@ import sys
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "local": ("trainer.local", "main", "fine-tune a tiny model on a local CPU Ray cluster (start here)"),
     "train": ("trainer.launch", "main", "run a training job on a running Ray cluster"),
+    "submit": ("trainer.submit", "main", "submit a run to a Ray cluster as a Ray job and follow it"),
+    "status": ("trainer.submit", "status_main", "show a submitted run's status"),
+    "logs": ("trainer.submit", "logs_main", "stream a submitted run's logs"),
+    "stop": ("trainer.submit", "stop_main", "stop a submitted run"),
     "efa-check": ("trainer.efa", "main", "decide from NCCL debug logs whether collectives used EFA"),
+    "nccl-bench": ("trainer.submit", "bench_main", "all-reduce bandwidth across every worker, as a Ray job"),
 }
 
 

@@ -567,7 +567,7 @@ def nccl_debug_file_pattern(log_dir: str | os.PathLike[str]) -> str:
 
 def nccl_debug_env(log_dir: str | os.PathLike[str]) -> dict[str, str]:
     """Environment that makes NCCL write the lines this module reads, one file per rank."""
-    return {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV",
+    return {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET,ENV",
             "NCCL_DEBUG_FILE": nccl_debug_file_pattern(log_dir)}
 
 

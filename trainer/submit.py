@@ -1,0 +1,480 @@
+"""Submit fine-tuning runs to a Ray cluster as Ray jobs, and follow them.
+
+    python -m trainer submit [training flags] [--address URL | --stack STACK | --namespace NS --service SVC]
+    python -m trainer status|logs|stop RUN [same connection flags]
+
+The job's submission id is the run name, and the run's storage folder is named
+after it too, so resubmitting a run name resumes from that run's last complete
+checkpoint. The head is reached at `--address`, or through a `kubectl
+port-forward` this command opens and closes itself (nothing of Ray is ever
+exposed outside the cluster). With token authentication on, the token comes from
+RAY_AUTH_TOKEN or from the RayCluster's auth Secret, read with kubectl.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from dataclasses import fields as dataclass_fields
+from dataclasses import replace as dataclass_replace
+from pathlib import Path
+from typing import Iterator
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+DASHBOARD_PORT = 8265
+CONNECT_TIMEOUT_S = 10.0
+PORT_FORWARD_TIMEOUT_S = 30.0
+DEFAULT_NAMESPACE = "ray"
+DEFAULT_SERVICE = "raytrain-head-svc"
+DEFAULT_RAYCLUSTER = "raytrain"
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED = 0, 1, 2, 3
+
+
+class SubmitError(RuntimeError):
+    """A problem reaching or using the cluster, explained for the user."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """How to reach a Ray head: an address, or a Kubernetes service to port-forward to."""
+
+    address: str | None
+    namespace: str
+    service: str
+    raycluster: str
+    kubeconfig: str | None = None
+
+
+# --- reaching the head ---------------------------------------------------------
+
+def _run(cmd: list[str], what: str, env: dict | None = None, timeout: float = 60) -> str:
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except FileNotFoundError:
+        raise SubmitError(f"{what}: `{cmd[0]}` is not installed or not on PATH") from None
+    except subprocess.TimeoutExpired:
+        raise SubmitError(f"{what}: `{shlex.join(cmd)}` did not finish within {timeout:.0f} s") from None
+    if proc.returncode != 0:
+        raise SubmitError(f"{what}: `{shlex.join(cmd)}` failed: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc.stdout
+
+
+def stack_target(stack: str) -> tuple[Target, dict]:
+    """Namespace, head service and kubeconfig from `pulumi stack output`, and all the outputs."""
+    raw = _run(["pulumi", "stack", "output", "--json", "--show-secrets", "--stack", stack], f"--stack {stack}")
+    outputs = json.loads(raw)
+    missing = [k for k in ("rayNamespace", "rayHeadService", "kubeconfig") if k not in outputs]
+    if missing:
+        raise SubmitError(f"--stack {stack}: the stack has no output {', '.join(missing)}; run `pulumi up` first")
+    kubeconfig = tempfile.NamedTemporaryFile("w", prefix="kubeconfig-", suffix=".json", delete=False)
+    with kubeconfig:
+        kubeconfig.write(outputs["kubeconfig"] if isinstance(outputs["kubeconfig"], str)
+                         else json.dumps(outputs["kubeconfig"]))
+    os.chmod(kubeconfig.name, 0o600)
+    return Target(None, outputs["rayNamespace"], outputs["rayHeadService"],
+                  outputs.get("rayClusterName", DEFAULT_RAYCLUSTER), kubeconfig.name), outputs
+
+
+def _kubectl(target: Target) -> list[str]:
+    return ["kubectl", *(["--kubeconfig", target.kubeconfig] if target.kubeconfig else []), "-n", target.namespace]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def port_forward(target: Target, timeout: float = PORT_FORWARD_TIMEOUT_S) -> Iterator[str]:
+    """`kubectl port-forward` to the head's dashboard port on 127.0.0.1, closed on exit."""
+    port = _free_port()
+    cmd = [*_kubectl(target), "port-forward", f"svc/{target.service}", f"{port}:{DASHBOARD_PORT}",
+           "--address", "127.0.0.1"]
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    except FileNotFoundError:
+        raise SubmitError("kubectl is not installed or not on PATH; install it, or pass --address") from None
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise SubmitError(f"kubectl port-forward to svc/{target.service} in namespace {target.namespace} "
+                                  f"exited: {proc.stderr.read().strip()}")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            time.sleep(0.2)
+        else:
+            raise SubmitError(f"kubectl port-forward to svc/{target.service} did not open within {timeout:.0f} s")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def auth_token_from_cluster(target: Target) -> str:
+    """The token KubeRay generated for the RayCluster (authOptions.mode: token), from its Secret."""
+    kubectl = _kubectl(target)
+    spec = json.loads(_run([*kubectl, "get", "raycluster", target.raycluster, "-o", "json"],
+                           "reading the RayCluster to find its auth Secret"))
+    name = (spec.get("spec", {}).get("authOptions") or {}).get("secretName")
+    secrets = json.loads(_run([*kubectl, "get", "secrets", "-o", "json"], "listing Secrets to find the Ray auth token"))
+    for secret in secrets.get("items", []):
+        owners = {(o.get("kind"), o.get("name")) for o in secret["metadata"].get("ownerReferences", [])}
+        named = name and secret["metadata"]["name"] == name
+        if (named or ("RayCluster", target.raycluster) in owners) and "auth_token" in secret.get("data", {}):
+            return base64.b64decode(secret["data"]["auth_token"]).decode().strip()
+    raise SubmitError(f"no Secret with an auth_token for RayCluster {target.raycluster} in namespace {target.namespace}; "
+                      "is authOptions.mode token set? Or export RAY_AUTH_TOKEN yourself")
+
+
+def check_reachable(address: str, token: str | None, timeout: float = CONNECT_TIMEOUT_S) -> str:
+    """Fail fast, within `timeout`, with the cause: unreachable, not Ray, token missing or wrong."""
+    request = urllib.request.Request(f"{address.rstrip('/')}/api/version")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.loads(response.read()).get("ray_version", "unknown")
+    except urllib.error.HTTPError as err:
+        if err.code == 401:
+            raise SubmitError(f"the Ray cluster at {address} requires a token: set RAY_AUTH_TOKEN "
+                              "(or omit it to read the RayCluster's auth Secret with kubectl)") from None
+        if err.code == 403:
+            raise SubmitError(f"the Ray cluster at {address} rejected the token: RAY_AUTH_TOKEN is wrong "
+                              "for this cluster; read it again from the RayCluster's auth Secret") from None
+        raise SubmitError(f"{address} answered HTTP {err.code} on /api/version: is it a Ray dashboard?") from None
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        reason = getattr(err, "reason", err)
+        raise SubmitError(f"cannot reach the Ray dashboard at {address} within {timeout:.0f} s ({reason}); "
+                          "check --address, or that the port-forward / cluster is up") from None
+
+
+@contextlib.contextmanager
+def connect(args: argparse.Namespace, target: Target | None = None) -> Iterator["JobSubmissionClient"]:  # noqa: F821
+    """A JobSubmissionClient for --address, or through a port-forward that is closed afterwards."""
+    if args.address:
+        target = Target(args.address, args.namespace, args.service, args.raycluster)
+    elif target is None and args.stack:
+        target, _ = stack_target(args.stack)
+    elif target is None:
+        target = Target(None, args.namespace, args.service, args.raycluster)
+    token = os.environ.get("RAY_AUTH_TOKEN") or None
+    with contextlib.ExitStack() as stack:
+        address = target.address or stack.enter_context(port_forward(target))
+        if token is None and target.address is None:
+            token = auth_token_from_cluster(target)
+        check_reachable(address, token)
+        if target.kubeconfig:
+            stack.callback(Path(target.kubeconfig).unlink, missing_ok=True)
+        yield _client(address, token)
+
+
+def _client(address: str, token: str | None):
+    from ray.exceptions import AuthenticationError
+    from ray.job_submission import JobSubmissionClient
+
+    if token:
+        os.environ["RAY_AUTH_MODE"] = "token"
+        os.environ["RAY_AUTH_TOKEN"] = token
+    try:
+        return JobSubmissionClient(address)
+    except AuthenticationError as err:
+        raise SubmitError(f"authentication with the Ray cluster at {address} failed: {err}") from None
+    except ConnectionError as err:
+        raise SubmitError(f"cannot reach the Ray cluster at {address}: {err}") from None
+
+
+# --- the job --------------------------------------------------------------------
+
+def stage_package(into: Path) -> Path:
+    """The job's working_dir: just the trainer package, without caches."""
+    shutil.copytree(PACKAGE_DIR, into / "trainer", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return into
+
+
+def runtime_env(working_dir: Path, pip: list[str], env: dict[str, str]) -> dict:
+    spec: dict = {"working_dir": str(working_dir), "env_vars": dict(env)}
+    if pip:
+        spec["pip"] = list(pip)
+    return spec
+
+
+def parse_env(pairs: list[str]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SubmitError(f"--env {pair!r}: expected KEY=VALUE")
+        env[key] = value
+    return env
+
+
+JOB_CONFIG = "job.yaml"
+
+
+def submit(client, *, cfg, pip: list[str], env: dict[str, str]) -> str:
+    """Submit (or resubmit) the run; a finished job of the same name is replaced, a running one is refused.
+
+    The job runs exactly the configuration validated here: it travels as job.yaml beside the package.
+    """
+    import yaml
+    from ray.job_submission import JobStatus
+
+    run_name = cfg.resolved_run_name
+    with contextlib.suppress(RuntimeError):
+        previous = client.get_job_status(run_name)
+        if not previous.is_terminal():
+            raise SubmitError(f"run {run_name} is already {previous.value}; follow it with "
+                              f"`python -m trainer logs {run_name}` or stop it with `python -m trainer stop {run_name}`")
+        print(f"Run {run_name} was {previous.value}: resubmitting; it resumes from its last complete checkpoint.")
+        client.delete_job(run_name)
+    with tempfile.TemporaryDirectory(prefix="trainer-job-") as folder:
+        working_dir = stage_package(Path(folder))
+        (working_dir / JOB_CONFIG).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        return client.submit_job(
+            entrypoint=shlex.join(["python", "-m", "trainer", "train", "--config", JOB_CONFIG]),
+            submission_id=run_name,
+            runtime_env=runtime_env(working_dir, pip, env),
+            metadata={"run_name": run_name},
+        ) or JobStatus.PENDING.value
+
+
+def follow(client, job_id: str) -> int:
+    """Stream the job's logs until it ends; exit with its status."""
+    async def stream():
+        async for lines in client.tail_job_logs(job_id):
+            print(lines, end="", flush=True)
+
+    try:
+        asyncio.run(stream())
+    except KeyboardInterrupt:
+        print(f"\nDetached; the job keeps running. `python -m trainer logs {job_id}` follows it again, "
+              f"`python -m trainer stop {job_id}` stops it.", file=sys.stderr)
+        return EXIT_OK
+    return report_status(client, job_id)
+
+
+def report_status(client, job_id: str) -> int:
+    from ray.job_submission import JobStatus
+
+    info = client.get_job_info(job_id)
+    print(f"Run {job_id}: {info.status.value}" + (f" ({info.message})" if info.message else ""), file=sys.stderr)
+    if info.status == JobStatus.SUCCEEDED:
+        return EXIT_OK
+    if info.status == JobStatus.FAILED:
+        tail = client.get_job_logs(job_id).strip().splitlines()[-20:]
+        print("Last lines of the job log:\n" + "\n".join(f"  {line}" for line in tail), file=sys.stderr)
+        return EXIT_FAILED
+    if info.status == JobStatus.STOPPED:
+        return EXIT_STOPPED
+    return EXIT_OK
+
+
+# --- command line ---------------------------------------------------------------
+
+def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("reaching the Ray cluster")
+    group.add_argument("--address", help="Ray dashboard URL, e.g. http://127.0.0.1:8265 (default: port-forward)")
+    group.add_argument("--stack", help="Pulumi stack whose outputs name the namespace, service and kubeconfig")
+    group.add_argument("--namespace", default=DEFAULT_NAMESPACE, help=f"namespace of the RayCluster ({DEFAULT_NAMESPACE})")
+    group.add_argument("--service", default=DEFAULT_SERVICE, help=f"head service to port-forward to ({DEFAULT_SERVICE})")
+    group.add_argument("--raycluster", default=DEFAULT_RAYCLUSTER, help="RayCluster name, for its auth Secret")
+
+
+def status_main(argv: list[str]) -> int:
+    return manage("status", argv)
+
+
+def logs_main(argv: list[str]) -> int:
+    return manage("logs", argv)
+
+
+def stop_main(argv: list[str]) -> int:
+    return manage("stop", argv)
+
+
+def manage(command: str, argv: list[str]) -> int:
+    """`python -m trainer status|logs|stop RUN`."""
+    parser = argparse.ArgumentParser(prog=f"python -m trainer {command}")
+    parser.add_argument("run", help="run name (the job's submission id)")
+    add_connection_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        with connect(args) as client:
+            try:
+                if command == "logs":
+                    return follow(client, args.run)
+                if command == "stop":
+                    stopped = client.stop_job(args.run)
+                    print(f"Run {args.run}: {'stop requested' if stopped else 'already finished'}")
+                    return EXIT_OK
+                return report_status(client, args.run)
+            except RuntimeError as err:
+                if "does not exist" in str(err) or "404" in str(err):
+                    raise SubmitError(f"no run named {args.run!r} on this cluster; "
+                                      "`ray job list` shows what is there") from None
+                raise
+    except SubmitError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+# --- `python -m trainer submit` -------------------------------------------------
+
+NCCL_LOG_DIR = "/tmp/ray/nccl"  # on the /tmp/ray volume of every Ray pod
+
+
+def job_environment(cfg, require_efa: bool | None, extra: dict[str, str]) -> dict[str, str]:
+    """What every process of the job sees: the EFA proof settings on GPUs, then the user's --env."""
+    from trainer import efa
+
+    env: dict[str, str] = {}
+    if cfg.use_gpu:
+        env.update(efa.nccl_debug_env(NCCL_LOG_DIR))
+        env["TRAINER_REQUIRE_EFA"] = {None: "auto", True: "1", False: "0"}[require_efa]
+    env.update(extra)
+    return env
+
+
+def _remote_problems(cfg) -> list[str]:
+    """A cluster reached through a port-forward cannot read files on this machine."""
+    from trainer.config import flag
+
+    problems = []
+    for name in ("model", "dataset", "tokenizer", "storage_path"):
+        value = getattr(cfg, name)
+        if value and "://" not in value and (Path(value).expanduser().exists() or name == "storage_path"):
+            problems.append(f"{flag(name)} {value}: a local path on this machine, which the cluster cannot read; "
+                            "use an s3:// URI (the stack's checkpoint bucket) or a Hugging Face hub id")
+    return problems
+
+
+def main(argv: list[str]) -> int:
+    from trainer import config as train_config
+
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer submit",
+        description="Submit a fine-tuning run as a Ray job, stream its logs and exit with its status "
+                    f"(0 succeeded, {EXIT_FAILED} failed, {EXIT_STOPPED} stopped, {EXIT_USAGE} bad input or "
+                    "unreachable cluster). Resubmitting a run name resumes it from its last complete checkpoint.")
+    train_config.add_arguments(parser)
+    add_connection_arguments(parser)
+    job = parser.add_argument_group("the job")
+    job.add_argument("--no-wait", action="store_true", help="return once submitted")
+    job.add_argument("--pip", action="append", default=[], metavar="PACKAGE", help="extra pip package (repeatable)")
+    job.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment variable (repeatable)")
+    job.add_argument("--require-efa", action=argparse.BooleanOptionalAction, default=None,
+                     help="fail within the first steps if NCCL is not on EFA (default: on for multi-node GPU jobs)")
+    args = parser.parse_args(argv)
+
+    fields = {f.name for f in dataclass_fields(train_config.TrainConfig)} | {"config", "out"}
+    training = {k: v for k, v in vars(args).items() if k in fields}
+    try:
+        target, outputs = (stack_target(args.stack) if args.stack and not args.address else (None, {}))
+        defaults = {"storage_path": outputs["checkpointBucketUri"]} if "checkpointBucketUri" in outputs else None
+        cfg = train_config.from_args(argparse.Namespace(**training), defaults)
+        cfg = dataclass_replace(cfg, run_name=cfg.resolved_run_name)
+        if not args.address:
+            problems = _remote_problems(cfg)
+            if problems:
+                raise train_config.ConfigError(problems)
+        env = job_environment(cfg, args.require_efa, parse_env(args.env))
+    except (train_config.ConfigError, SubmitError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+
+    try:
+        with connect(args, target) as client:
+            job_id = submit(client, cfg=cfg, pip=args.pip, env=env)
+            print(f"Submitted run {job_id}: checkpoints, metrics and the exported model go to {cfg.run_uri}")
+            if args.no_wait:
+                print(f"Follow it with `python -m trainer logs {job_id}`; stop it with `python -m trainer stop {job_id}`.")
+                return EXIT_OK
+            return follow(client, job_id)
+    except SubmitError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+# --- `python -m trainer nccl-bench` ---------------------------------------------
+
+def _catalog_row(instance_type: str | None):
+    """The instance type's catalog row, when the repository's infra package is importable."""
+    if not instance_type:
+        return None
+    try:
+        from infra.catalog import GPU_TYPES
+    except ImportError:
+        return None
+    if instance_type not in GPU_TYPES:
+        raise SubmitError(f"--instance-type {instance_type}: not in the instance catalog; use one of {', '.join(GPU_TYPES)}")
+    return GPU_TYPES[instance_type]
+
+
+def bench_main(argv: list[str]) -> int:
+    """Submit the all-reduce bandwidth test (trainer.nccl_bench) across all workers as a Ray job."""
+    from trainer import nccl_bench
+
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer nccl-bench",
+        description="All-reduce bus bandwidth from 8 B to 1 GiB across every worker, as a Ray job, compared with "
+                    "what the instance type's network allows (from the instance catalog).")
+    add_connection_arguments(parser)
+    parser.add_argument("--workers", type=int, help="ranks (default: every GPU of the stack: nodes x GPUs per node)")
+    parser.add_argument("--device", choices=("gpu", "cpu"), default="gpu", help="gpu (NCCL) or cpu (gloo)")
+    parser.add_argument("--instance-type", help="GPU instance type (default: the stack's gpuNodeType)")
+    parser.add_argument("--min-bytes", type=int, default=nccl_bench.MIN_BYTES)
+    parser.add_argument("--max-bytes", type=int, default=nccl_bench.MAX_BYTES)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--no-wait", action="store_true", help="return once submitted")
+    args = parser.parse_args(argv)
+    try:
+        nccl_bench.message_sizes(args.min_bytes, args.max_bytes)
+        target, outputs = (stack_target(args.stack) if args.stack and not args.address else (None, {}))
+        row = _catalog_row(args.instance_type or outputs.get("gpuNodeType"))
+        workers = args.workers or (row.gpus * int(outputs["gpuNodeCount"]) if row and "gpuNodeCount" in outputs else None)
+        if not workers or workers < 1:
+            raise SubmitError("--workers: how many ranks? pass --workers N (or --stack to use every GPU of the stack)")
+        env = {}
+        if args.device == "gpu":
+            from trainer import efa
+            env = efa.nccl_debug_env(NCCL_LOG_DIR)
+        bench_argv = ["--workers", str(workers), "--device", args.device, "--min-bytes", str(args.min_bytes),
+                      "--max-bytes", str(args.max_bytes), "--iters", str(args.iters), "--warmup", str(args.warmup)]
+        if row:
+            bench_argv += ["--network-gbps", str(row.network_gbps), "--instance-type", row.name]
+        if "checkpointBucketUri" in outputs:
+            bench_argv += ["--storage-path", outputs["checkpointBucketUri"]]
+    except (ValueError, SubmitError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        with connect(args, target) as client, tempfile.TemporaryDirectory(prefix="nccl-bench-") as folder:
+            job_id = client.submit_job(
+                entrypoint=shlex.join(["python", "-m", "trainer.nccl_bench", *bench_argv]),
+                runtime_env=runtime_env(stage_package(Path(folder)), [], env),
+                submission_id=f"nccl-bench-{time.strftime('%Y%m%d-%H%M%S')}")
+            print(f"Submitted {job_id}: {workers} ranks, {args.device}")
+            return EXIT_OK if args.no_wait else follow(client, job_id)
+    except SubmitError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_USAGE
