@@ -22,7 +22,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -191,7 +191,6 @@ def report_to_ray(metrics: dict, checkpoint_path: str | None, storage: Storage) 
 
 def export_hf(storage: Storage, model, tokenizer, source: str | Path | None = None, name: str = EXPORT_DIR) -> str:
     """Collective: gather full weights to rank 0 and write a Hugging Face folder (bf16 safetensors)."""
-    from huggingface_hub import save_torch_state_dict
     from transformers import GenerationConfig
 
     rank = _rank()
@@ -206,7 +205,7 @@ def export_hf(storage: Storage, model, tokenizer, source: str | Path | None = No
     if rank == 0:
         tmp = Path(tempfile.mkdtemp(prefix="export-"))
         try:
-            save_torch_state_dict(full, tmp, max_shard_size="5GB")
+            _save_safetensors(full, tmp)
             config = model.config
             config.use_cache = True
             config.dtype = torch.bfloat16
@@ -228,3 +227,16 @@ def export_hf(storage: Storage, model, tokenizer, source: str | Path | None = No
             shutil.rmtree(tmp, ignore_errors=True)
     _barrier()
     return storage.path(name)
+
+
+def _save_safetensors(state: dict[str, torch.Tensor], folder: Path, max_shard_size: str = "5GB") -> None:
+    """model.safetensors, or shards plus model.safetensors.index.json, as save_pretrained writes them."""
+    from huggingface_hub import split_torch_state_dict_into_shards
+    from safetensors.torch import save_file
+
+    split = split_torch_state_dict_into_shards(state, max_shard_size=max_shard_size)
+    for filename, names in split.filename_to_tensors.items():
+        save_file({n: state[n] for n in names}, str(folder / filename), metadata={"format": "pt"})
+    if split.is_sharded:
+        index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))

@@ -101,7 +101,11 @@ def main(argv: Sequence[str]) -> int:
     import ray
 
     ray.init(address=address)
-    result = train(cfg, check=False)
+    try:
+        result = train(cfg, check=False)
+    except Exception as e:  # noqa: BLE001 - fit() raises the workers' error after max_failures
+        print(f"error: training failed: {e}", file=sys.stderr)
+        return 1
     if result.error:
         print(f"error: training failed: {result.error}", file=sys.stderr)
         return 1

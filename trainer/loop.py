@@ -106,8 +106,10 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
 
     # -- metrics
     metrics_dir = _metrics_dir(cfg, storage, rank0)
+    # Inside Ray Train the logger reaches the driver once; a print would arrive twice (Ray's print patch).
+    emit = log.info if log.isEnabledFor(logging.INFO) and log.hasHandlers() else None
     writer = MetricsWriter(metrics_dir, enabled=rank0, start_step=start, total_steps=steps,
-                           progress=cfg.progress)
+                           progress=cfg.progress, emit=emit)
     fpt = flops_lib.flops_per_token(model.config, cfg.seq_len)
     tracker = IntervalTracker(env.device, fpt, flops_lib.device_peak_flops(cfg.peak_tflops), env.world_size)
     writer.event("resume" if resume_from else "start", step=start, world_size=env.world_size,

@@ -8,12 +8,11 @@ host sync (.item()) happen at logging steps only.
 from __future__ import annotations
 
 import json
-import logging
 import resource
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -100,14 +99,15 @@ class ProgressBar:
     which is line-based: carriage-return animations turn into noise there.
     """
 
-    def __init__(self, total: int, start: int, width: int = 24):
+    def __init__(self, total: int, start: int, width: int = 24, emit: Callable[[str], Any] | None = None):
         self.total, self.start, self.width = max(1, total), start, width
+        self.emit = emit or (lambda line: print(line, flush=True))
         self.t0 = time.perf_counter()
 
     def line(self, step: int, metrics: dict[str, Any]) -> str:
         frac = min(1.0, step / self.total)
         filled = int(round(frac * self.width))
-        elapsed = time.perf_counter() - self.t0 - self.excluded
+        elapsed = time.perf_counter() - self.t0
         done_here = max(1, step - self.start)
         left = elapsed / done_here * (self.total - step)
         tps = metrics.get("tokens_per_s") or 0.0
@@ -116,11 +116,7 @@ class ProgressBar:
                 f"{_clock(elapsed)} elapsed, {_clock(left)} left")
 
     def show(self, step: int, metrics: dict[str, Any]) -> None:
-        logger = logging.getLogger("trainer")
-        if logger.hasHandlers():  # inside Ray Train: its handlers forward one copy to the driver
-            logger.info(self.line(step, metrics))
-        else:
-            print(self.line(step, metrics), flush=True)
+        self.emit(self.line(step, metrics))
 
 
 def _clock(seconds: float) -> str:
@@ -131,7 +127,8 @@ def _clock(seconds: float) -> str:
 class MetricsWriter:
     """metrics.jsonl, TensorBoard events and the progress bar; a no-op except on rank 0."""
 
-    def __init__(self, folder: str | Path, *, enabled: bool, start_step: int, total_steps: int, progress: bool):
+    def __init__(self, folder: str | Path, *, enabled: bool, start_step: int, total_steps: int, progress: bool,
+                 emit: Callable[[str], Any] | None = None):
         self.enabled = enabled
         self.folder = Path(folder)
         self.bar = None
@@ -145,7 +142,7 @@ class MetricsWriter:
 
         self.tb = SummaryWriter(str(self.folder / TENSORBOARD_DIR), purge_step=start_step + 1 if start_step else None)
         if progress:
-            self.bar = ProgressBar(total_steps, start_step)
+            self.bar = ProgressBar(total_steps, start_step, emit=emit)
 
     def log(self, metrics: dict[str, Any]) -> None:
         if not self.enabled:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import re
 import shutil
 from functools import partial
@@ -52,6 +51,15 @@ def _key(spec: str) -> str:
     return hashlib.sha256(spec.encode()).hexdigest()[:16]
 
 
+def _local_model_dir(spec: str) -> Path:
+    path = Path(spec).expanduser()
+    if not (path / "config.json").is_file():
+        why = "does not exist" if not path.exists() else "has no config.json"
+        raise ModelSourceError(f"model {spec!r}: local folder {why}; pass a folder saved with save_pretrained, "
+                               f"a Hugging Face hub id (org/name) or an s3:// prefix")
+    return path.absolute()
+
+
 def resolve_model_path(spec: str, cache_dir: str | Path, *, storage_fs: Any = None) -> Path:
     """A local folder holding the model, downloading it first if needed.
 
@@ -60,13 +68,7 @@ def resolve_model_path(spec: str, cache_dir: str | Path, *, storage_fs: Any = No
     """
     kind = describe_source(spec)
     if kind == "local":
-        path = Path(spec).expanduser()
-        if not (path / "config.json").is_file():
-            why = "does not exist" if not path.exists() else "has no config.json"
-            raise ModelSourceError(
-                f"model {spec!r}: local folder {why}; pass a folder saved with save_pretrained, "
-                f"a Hugging Face hub id (org/name) or an s3:// prefix")
-        return path.absolute()
+        return _local_model_dir(spec)
     target = Path(cache_dir) / "models" / _key(spec)
     marker = target / ".complete"
     with _lock(cache_dir, "model-" + _key(spec)):
@@ -107,7 +109,7 @@ def read_model_config(spec: str, *, storage_fs: Any = None):
     kind = describe_source(spec)
     try:
         if kind == "local":
-            return AutoConfig.from_pretrained(str(resolve_model_path(spec, cache_dir="/nonexistent")))
+            return AutoConfig.from_pretrained(str(_local_model_dir(spec)))
         if kind == "s3":
             from trainer.storage import Storage
 
@@ -260,6 +262,3 @@ def build_scheduler(optimizer: torch.optim.Optimizer, *, warmup: int, total: int
     fn = partial(lr_factor, warmup=warmup, total=total, schedule=schedule, min_ratio=min_ratio)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
 
-
-def env_local_rank() -> int:
-    return int(os.environ.get("LOCAL_RANK", "0"))

@@ -87,3 +87,17 @@ def test_save_then_load_restores_model_optimizer_schedule_and_rng(process_group,
     assert sched2.last_epoch == 3 and opt2.param_groups[0]["lr"] == pytest.approx(lr_at_save)
     resumed = [float(train_step(model2, opt2, sched2, batches(s), device=torch.device("cpu")).loss) for s in (3, 4)]
     assert resumed == pytest.approx(continued, rel=1e-6)
+
+
+def test_large_exports_are_sharded_the_way_from_pretrained_reads_them(demo_assets, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    source = AutoModelForCausalLM.from_pretrained(demo_assets["model"])
+    state = {k: v.to(torch.bfloat16) for k, v in source.state_dict().items() if k != "lm_head.weight"}
+    ckpt._save_safetensors(state, tmp_path, max_shard_size="300KB")
+    source.config.save_pretrained(tmp_path)
+    assert len(list(tmp_path.glob("model-0000*-of-*.safetensors"))) > 1
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    for name, tensor in loaded.state_dict().items():
+        expected = source.state_dict()[name].to(torch.bfloat16).to(tensor.dtype)
+        torch.testing.assert_close(tensor, expected, rtol=0, atol=0)

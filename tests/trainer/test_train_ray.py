@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 STEPS = 10
 # Small, fast and identical for every run below; 2 micro-batches per rank with 2 workers, 4 with 1.
 COMMON = ["--steps", str(STEPS), "--seed", "0", "--global-batch-size", "8", "--micro-batch-size", "2",
-          "--seq-len", "128", "--log-every", "1", "--checkpoint-every", "5", "--no-progress"]
+          "--seq-len", "128", "--log-every", "1", "--checkpoint-every", "5"]
 
 
 def _losses(run: Path) -> list[float]:
@@ -48,12 +48,13 @@ def demo_run(ray_cluster, trainer_cache, tmp_path_factory):
          "--address", ray_cluster.address, "--out", str(out)] + COMMON,
         cwd=REPO, env=ray_cluster.client_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return out, proc.stdout
+    return out, proc.stdout + proc.stderr  # worker logs (the progress bar) arrive on stderr
 
 
 def test_local_demo_trains_checkpoints_exports_and_reports(demo_run):
     out, stdout = demo_run
-    for needle in ("held-out exact match before training", "exact match", "metrics", str(out / "model")):
+    for needle in ("held-out exact match before training", "exact match", "metrics", str(out / "model"),
+                   "train [############............]  5/10  50% | loss"):  # rank 0's progress bar
         assert needle in stdout, needle
     rows = read_metrics(out / "metrics.jsonl")
     for key in ("step", "loss", "lr", "grad_norm", "tokens_per_s", "step_time_s", "data_wait_s", "peak_mem_gb"):
