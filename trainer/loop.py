@@ -103,6 +103,9 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
         start = state["step"]
         if rank0:
             log.info("resumed from %s at step %d", storage.path(resume_from), start)
+            if state.get("data_fingerprint") not in (None, data.fingerprint):
+                log.warning("the packed data differs from the checkpoint's (dataset, tokenizer or --seq-len "
+                            "changed): the data order after step %d is not the original run's", start)
 
     # -- metrics
     metrics_dir = _metrics_dir(cfg, storage, rank0)
