@@ -88,7 +88,9 @@ def ray_cluster():
         [str(VENV_BIN / "ray"), "start", "--head", "--block", "--port", str(port), "--num-cpus", "8",
          "--node-ip-address", "127.0.0.1", "--temp-dir", temp_dir, "--include-dashboard", "true",
          "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash_port), "--disable-usage-stats"],
-        env={**os.environ, **auth}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        # Jobs run `python -m trainer ...`: the cluster's PATH must find this venv's python.
+        env={**os.environ, **auth, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"},
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     saved = {k: os.environ.get(k) for k in auth}
     os.environ.update(auth)
     cluster = RayCluster(f"127.0.0.1:{port}", f"http://127.0.0.1:{dash_port}", token, temp_dir, auth)
