@@ -425,3 +425,49 @@ def test_check_own_rank_without_debug_file(tmp_path):
     env = efa.nccl_debug_env(tmp_path / "never-written")
     with pytest.raises(efa.EfaEvidenceMissingError, match="does not exist"):
         efa.check_own_rank(require_efa=True, environ=env)
+
+
+# --- the in-job check: every rank reads its own file, verdicts are gathered ---------
+
+def _own_file(tmp_path: Path, lines: list[str]) -> dict:
+    """This process plays one rank: its NCCL_DEBUG_FILE, expanded as NCCL would."""
+    env = efa.nccl_debug_env(tmp_path)
+    write(efa.expand_nccl_debug_file(env["NCCL_DEBUG_FILE"]), lines)
+    return env
+
+
+def _other_node(host: str, first_rank: int, **kw):
+    return (host, efa.analyze_lines(node_log(host, first_rank, **kw)).ranks)
+
+
+def test_gathered_efa_on_two_nodes_is_required_and_passes(tmp_path):
+    env = _own_file(tmp_path, rank_log(NODE_A, os.getpid(), 0))
+    report, required = efa.gather_report(lambda own: [own, _other_node(NODE_B, 4)], environ=env)
+    assert required is True  # auto: the job spans two hosts
+    assert efa.enforce_efa(report.ranks, required) == []
+    lines = efa.verdict_lines(report)
+    assert len(lines) == 2 and all(": EFA" in line for line in lines)
+
+
+def test_gathered_socket_rank_fails_every_rank_with_the_causes(tmp_path):
+    env = _own_file(tmp_path, rank_log(NODE_A, os.getpid(), 0))
+    report, required = efa.gather_report(lambda own: [own, _other_node(NODE_B, 4, net="socket")], environ=env)
+    with pytest.raises(efa.EfaFallbackError) as info:
+        efa.enforce_efa(report.ranks, required)
+    message = str(info.value)
+    assert NODE_B in message and "vpc.amazonaws.com/efa" in message and "security group" in message
+
+
+def test_one_node_jobs_only_report_unless_asked(tmp_path):
+    env = _own_file(tmp_path, rank_log(NODE_A, os.getpid(), 0, net="socket"))
+    report, required = efa.gather_report(lambda own: [own], environ=env)
+    assert required is False and len(efa.enforce_efa(report.ranks, required)) == 1
+    _, forced = efa.gather_report(lambda own: [own], environ={**env, "TRAINER_REQUIRE_EFA": "1"})
+    assert forced is True
+
+
+def test_require_setting_values():
+    assert efa.require_setting(None, 2) and not efa.require_setting("auto", 1)
+    assert efa.require_setting("1", 1) and not efa.require_setting("0", 8)
+    with pytest.raises(ValueError, match="TRAINER_REQUIRE_EFA='maybe'"):
+        efa.require_setting("maybe", 2)

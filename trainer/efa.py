@@ -15,7 +15,8 @@ import os
 import re
 import socket
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -615,6 +616,36 @@ def check_own_rank(require_efa: bool, environ: Mapping[str, str] | None = None) 
     report = analyze_logs([path])
     enforce_efa(report.ranks, require_efa)
     return report
+
+
+REQUIRE_EFA_ENV = "TRAINER_REQUIRE_EFA"
+
+
+def require_setting(value: str | None, nodes: int) -> bool:
+    """TRAINER_REQUIRE_EFA: 1 or 0, or auto (the default): required when the job spans nodes."""
+    text = (value or "auto").strip().lower()
+    if text in ("1", "true", "yes"):
+        return True
+    if text in ("0", "false", "no"):
+        return False
+    if text == "auto":
+        return nodes > 1
+    raise ValueError(f"{REQUIRE_EFA_ENV}={value!r}: use 1 (require EFA), 0 (only report) or auto")
+
+
+def gather_report(gather: Callable[[Any], list], environ: Mapping[str, str] | None = None) -> tuple[EfaReport, bool]:
+    """Every rank, after the first collectives: read its own NCCL log, share the verdicts, decide.
+
+    `gather` is an all-gather of one picklable object across ranks (torch.distributed's
+    all_gather_object). Returns the report over all ranks and whether EFA is required,
+    the same on every rank, so every rank raises together in enforce_efa.
+    """
+    env = os.environ if environ is None else environ
+    own = check_own_rank(require_efa=False, environ=env)
+    everyone = gather((_nccl_hostname(), own.ranks))
+    hosts = {host for host, _ in everyone}
+    report = EfaReport(tuple(r for _, ranks in everyone for r in ranks))
+    return report, require_setting(env.get(REQUIRE_EFA_ENV), len(hosts))
 
 
 # --- command line -------------------------------------------------------------------

@@ -62,11 +62,25 @@ def setup_parallel(cfg: TrainConfig, rank: int, world_size: int, local_rank: int
 def transport_check(cfg: TrainConfig, env: WorkerEnv) -> None:
     """Hook after the first collectives: verifies the inter-node transport (NCCL over EFA).
 
-    No-op on CPU/gloo. The EFA check (trainer.efa) plugs in here; it must run on every
-    rank and raise to stop a run that silently fell back to TCP sockets.
+    No-op on CPU/gloo. On GPUs every rank reads its own NCCL_DEBUG_FILE (set by
+    `trainer submit`), the verdicts are gathered, rank 0 logs one line per node, and with
+    EFA required (TRAINER_REQUIRE_EFA, by default when the job spans nodes) every rank
+    raises if any rank fell back to TCP sockets, so the job fails in its first step.
     """
     if not cfg.use_gpu:
         return
+    from trainer import efa
+
+    def gather(obj):
+        everyone = [None] * env.world_size
+        dist.all_gather_object(everyone, obj)
+        return everyone
+
+    report, required = efa.gather_report(gather)
+    if env.rank == 0:
+        for line in efa.verdict_lines(report) or ["EFA check: no NCCL transport lines (NCCL_DEBUG_FILE not set?)"]:
+            log.info(line)
+    efa.enforce_efa(report.ranks, required)
 
 
 def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
