@@ -10,19 +10,25 @@ mask; transformers then derives a block-diagonal causal mask from the position i
 (sdpa/eager/flex) or uses variable-length kernels (flash attention), so attention never
 crosses documents. Labels arrive already shifted (labels[t] is the target of token t).
 
+The loss never materialises fp32 logits for the whole micro-batch (trainer.losses).
+
 Imports only torch: the benchmark runs this exact step without ray or datasets.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Iterable, Iterator, Mapping
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from trainer.losses import IMPLEMENTATIONS, linear_cross_entropy_sum, liger_available
+
 IGNORE_INDEX = -100
+LOSSES = ("auto",) + IMPLEMENTATIONS
 
 
 @dataclass
@@ -38,16 +44,63 @@ def to_device(batch: Mapping[str, torch.Tensor], device: torch.device) -> dict[s
     return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
-def token_loss_sum(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+def resolve_loss(loss: str, device: torch.device) -> str:
+    """`auto`: Liger's fused kernel on a GPU when installed, else the chunked loss (same numbers)."""
+    if loss not in LOSSES:
+        raise ValueError(f"loss {loss!r}: use one of {', '.join(LOSSES)}")
+    if loss == "auto":
+        return "liger" if device.type == "cuda" and liger_available() else "chunked"
+    if loss == "liger" and (device.type != "cuda" or not liger_available()):
+        raise ValueError(f"loss 'liger' needs a CUDA device and the liger-kernel package (device {device}, "
+                         f"liger installed: {liger_available()}); use 'chunked' (the same numbers, torch only)")
+    return loss
+
+
+@contextmanager
+def _head_computes_loss(head: torch.nn.Module, labels: torch.Tensor, index: torch.Tensor | None,
+                        impl: str) -> Iterator[None]:
+    """For one call, the lm_head's forward returns the summed loss instead of the logits.
+
+    The loss runs inside the lm_head module's own call, so FSDP2's hooks on it still fire:
+    its pre-forward hands over the unsharded (all-gathered, bf16) weight, and its
+    post-forward reshards and registers the pre-backward hook that gathers it again and
+    reduce-scatters its gradient. Reading `lm_head.weight` outside that call would see
+    the sharded parameter and skip the gradient reduction.
+    """
+    def forward(hidden: torch.Tensor) -> torch.Tensor:
+        return linear_cross_entropy_sum(hidden, head.weight, labels, impl=impl, index=index)
+
+    saved = head.__dict__.get("forward")
+    head.forward = forward
+    try:
+        yield
+    finally:
+        if saved is None:
+            del head.forward
+        else:
+            head.forward = saved
+
+
+def token_loss_sum(model: torch.nn.Module, batch: Mapping[str, torch.Tensor], loss: str = "chunked") -> torch.Tensor:
     """Sum of cross-entropy over the labelled tokens of one micro-batch (fp32).
 
-    The one place that turns hidden states into a loss: swap in a fused linear
-    cross-entropy here without touching the rest of the step.
+    The one place that turns hidden states into a loss. `loss` is an implementation of
+    trainer.losses (resolved, not `auto`): `plain` computes the full logits as the model
+    returns them; the others never hold fp32 logits for the whole micro-batch and skip
+    the lm_head for unlabelled tokens (`loss_index`, when the batch carries it).
     """
-    out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False)
-    logits = out.logits
-    return F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten(),
-                           ignore_index=IGNORE_INDEX, reduction="sum")
+    inputs = dict(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False)
+    if loss == "plain":
+        logits = model(**inputs).logits
+        return F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten(),
+                               ignore_index=IGNORE_INDEX, reduction="sum")
+    with _head_computes_loss(model.get_output_embeddings(), batch["labels"], batch.get("loss_index"), loss):
+        return model(**inputs).logits
+
+
+def loss_index(labels: torch.Tensor) -> torch.Tensor:
+    """Flat positions of the labelled tokens (host-side: the device never syncs to find them)."""
+    return (labels.flatten() != IGNORE_INDEX).nonzero().flatten()
 
 
 def _all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
@@ -64,6 +117,13 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+def _replicated(model: torch.nn.Module) -> bool:
+    """Hybrid sharding (2-D mesh): gradients are also all-reduced across replicas."""
+    p = next(model.parameters(), None)
+    mesh = getattr(p, "device_mesh", None)
+    return mesh is not None and mesh.ndim == 2 and mesh.size(0) > 1 and hasattr(model, "set_requires_all_reduce")
+
+
 def train_step(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -72,9 +132,17 @@ def train_step(
     *,
     device: torch.device,
     grad_clip: float = 1.0,
+    loss: str = "auto",
 ) -> StepOutput:
-    """Forward/backward every micro-batch, clip, step optimizer and schedule; returns device tensors."""
+    """Forward/backward every micro-batch, clip, step optimizer and schedule; returns device tensors.
+
+    With hybrid sharding the cross-replica all-reduce runs once per step, after the last
+    micro-batch; the reduce-scatter inside a replica runs after each.
+    """
+    impl = resolve_loss(loss, device)
     micro_batches = list(micro_batches)
+    if impl != "plain":
+        micro_batches = [{**mb, "loss_index": loss_index(mb["labels"])} for mb in micro_batches]
     # Counted on the host copies, before the transfer, so the step never waits on the device.
     local_loss_tokens = sum(int((mb["labels"] != IGNORE_INDEX).sum()) for mb in micro_batches)
     real_tokens = sum(int(mb["real_tokens"].sum()) if "real_tokens" in mb else mb["input_ids"].numel()
@@ -85,8 +153,11 @@ def train_step(
     scale = world / global_tokens.clamp(min=1.0)
 
     loss_sum = torch.zeros((), device=device, dtype=torch.float32)
-    for mb in micro_batches:
-        mb_loss = token_loss_sum(model, mb)
+    defer_all_reduce = _replicated(model) and len(micro_batches) > 1
+    for i, mb in enumerate(micro_batches):
+        if defer_all_reduce:
+            model.set_requires_all_reduce(i == len(micro_batches) - 1)
+        mb_loss = token_loss_sum(model, mb, impl)
         (mb_loss * scale).backward()
         loss_sum += mb_loss.detach()
 
@@ -97,8 +168,8 @@ def train_step(
     if scheduler is not None:
         scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    loss = _all_reduce_sum(loss_sum) / global_tokens.clamp(min=1.0)
-    return StepOutput(loss=loss, grad_norm=grad_norm.detach(), lr=lr,
+    mean_loss = _all_reduce_sum(loss_sum) / global_tokens.clamp(min=1.0)
+    return StepOutput(loss=mean_loss, grad_norm=grad_norm.detach(), lr=lr,
                       real_tokens=real_tokens, loss_tokens=local_loss_tokens)
 
 
