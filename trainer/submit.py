@@ -178,22 +178,23 @@ def connect(args: argparse.Namespace, target: Target | None = None) -> Iterator[
         target = Target(None, args.namespace, args.service, args.raycluster)
     token = os.environ.get("RAY_AUTH_TOKEN") or None
     with contextlib.ExitStack() as stack:
-        address = target.address or stack.enter_context(port_forward(target))
-        if token is None and target.address is None:
-            token = auth_token_from_cluster(target)
-        check_reachable(address, token)
         if target.kubeconfig:
             stack.callback(Path(target.kubeconfig).unlink, missing_ok=True)
+        address = target.address or stack.enter_context(
+            port_forward(target, timeout=max(args.timeout, PORT_FORWARD_TIMEOUT_S)))
+        if token is None and target.address is None:
+            token = auth_token_from_cluster(target)
+        check_reachable(address, token, timeout=args.timeout)
         yield _client(address, token)
 
 
 def _client(address: str, token: str | None):
+    if token:  # before Ray is imported: it reads the auth mode once
+        os.environ["RAY_AUTH_MODE"] = "token"
+        os.environ["RAY_AUTH_TOKEN"] = token
     from ray.exceptions import AuthenticationError
     from ray.job_submission import JobSubmissionClient
 
-    if token:
-        os.environ["RAY_AUTH_MODE"] = "token"
-        os.environ["RAY_AUTH_TOKEN"] = token
     try:
         return JobSubmissionClient(address)
     except AuthenticationError as err:
@@ -249,12 +250,28 @@ def submit(client, *, cfg, pip: list[str], env: dict[str, str]) -> str:
     with tempfile.TemporaryDirectory(prefix="trainer-job-") as folder:
         working_dir = stage_package(Path(folder))
         (working_dir / JOB_CONFIG).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-        return client.submit_job(
+        return submit_when_ready(
+            client,
             entrypoint=shlex.join(["python", "-m", "trainer", "train", "--config", JOB_CONFIG]),
             submission_id=run_name,
             runtime_env=runtime_env(working_dir, pip, env),
             metadata={"run_name": run_name},
         ) or JobStatus.PENDING.value
+
+
+AGENT_WAIT_S = 90.0
+
+
+def submit_when_ready(client, **job) -> str:
+    """submit_job, waiting for the head's job agent, which a freshly started cluster lacks for a while."""
+    deadline = time.monotonic() + AGENT_WAIT_S
+    while True:
+        try:
+            return client.submit_job(**job)
+        except RuntimeError as err:
+            if "No available agent" not in str(err) or time.monotonic() > deadline:
+                raise SubmitError(f"the Ray cluster refused the job: {err}") from None
+            time.sleep(2.0)
 
 
 def follow(client, job_id: str) -> int:
@@ -297,6 +314,8 @@ def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--namespace", default=DEFAULT_NAMESPACE, help=f"namespace of the RayCluster ({DEFAULT_NAMESPACE})")
     group.add_argument("--service", default=DEFAULT_SERVICE, help=f"head service to port-forward to ({DEFAULT_SERVICE})")
     group.add_argument("--raycluster", default=DEFAULT_RAYCLUSTER, help="RayCluster name, for its auth Secret")
+    group.add_argument("--timeout", type=float, default=CONNECT_TIMEOUT_S, metavar="SECONDS",
+                       help=f"give up reaching the cluster after this long ({CONNECT_TIMEOUT_S:g})")
 
 
 def status_main(argv: list[str]) -> int:
@@ -469,7 +488,8 @@ def bench_main(argv: list[str]) -> int:
         return EXIT_USAGE
     try:
         with connect(args, target) as client, tempfile.TemporaryDirectory(prefix="nccl-bench-") as folder:
-            job_id = client.submit_job(
+            job_id = submit_when_ready(
+                client,
                 entrypoint=shlex.join(["python", "-m", "trainer.nccl_bench", *bench_argv]),
                 runtime_env=runtime_env(stage_package(Path(folder)), [], env),
                 submission_id=f"nccl-bench-{time.strftime('%Y%m%d-%H%M%S')}")

@@ -87,7 +87,12 @@ def ray_cluster():
     proc = subprocess.Popen(
         [str(VENV_BIN / "ray"), "start", "--head", "--block", "--port", str(port), "--num-cpus", "8",
          "--node-ip-address", "127.0.0.1", "--temp-dir", temp_dir, "--include-dashboard", "true",
-         "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash_port), "--disable-usage-stats"],
+         "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash_port), "--disable-usage-stats",
+         # Fixed default ports (the job agent's 52365 among them) collide when two clusters share a
+         # machine, and a job agent that cannot bind leaves the Jobs API with "No available agent".
+         "--dashboard-agent-listen-port", str(free_port()), "--dashboard-agent-grpc-port", str(free_port()),
+         "--runtime-env-agent-port", str(free_port()), "--metrics-export-port", str(free_port()),
+         "--ray-client-server-port", str(free_port())],
         # Jobs run `python -m trainer ...`: the cluster's PATH must find this venv's python.
         env={**os.environ, **auth, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"},
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -1,0 +1,256 @@
+"""`python -m trainer submit|status|logs|stop|nccl-bench` against the session's real Ray cluster.
+
+The cluster runs with RAY_AUTH_MODE=token. What cannot run here, kubectl and the Pulumi
+CLI, is replaced by small fake executables on PATH: the fake `kubectl port-forward`
+really forwards TCP to the local dashboard, so the port-forward path is exercised end to
+end, token discovery from the RayCluster's Secret included.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import socket
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from trainer.metrics import read_metrics
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN = ["--steps", "4", "--global-batch-size", "8", "--micro-batch-size", "2", "--seq-len", "128",
+         "--num-workers", "2", "--device", "cpu", "--log-every", "2", "--no-progress"]
+
+
+def cli(*args: str, env: dict, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trainer", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def without_token(env: dict) -> dict:
+    return {k: v for k, v in env.items() if k not in ("RAY_AUTH_TOKEN", "RAY_AUTH_MODE")}
+
+
+@pytest.fixture(scope="module")
+def job_args(demo_assets, trainer_cache, tmp_path_factory):
+    storage = tmp_path_factory.mktemp("submitted-runs")
+    return storage, ["--model", str(demo_assets["model"]), "--dataset", str(demo_assets["train"]),
+                     "--storage-path", str(storage), "--env", f"TRAINER_CACHE={trainer_cache}", *TRAIN]
+
+
+@pytest.fixture(scope="module")
+def succeeded(ray_cluster, job_args):
+    storage, args = job_args
+    proc = cli("submit", "--address", ray_cluster.dashboard_url, "--run-name", "submit-ok", *args,
+               env=ray_cluster.client_env())
+    return proc, storage / "submit-ok"
+
+
+def test_a_submitted_job_streams_its_logs_and_succeeds(succeeded):
+    proc, run = succeeded
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Submitted run submit-ok" in proc.stdout
+    assert "done: run folder" in proc.stdout  # the job's own output, streamed back
+    assert "Run submit-ok: SUCCEEDED" in proc.stderr
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [2, 4]
+    assert (run / "model" / "config.json").is_file()
+
+
+def test_status_and_logs_of_a_finished_run(ray_cluster, succeeded):
+    status = cli("status", "submit-ok", "--address", ray_cluster.dashboard_url, env=ray_cluster.client_env())
+    assert status.returncode == 0 and "SUCCEEDED" in status.stderr
+    logs = cli("logs", "submit-ok", "--address", ray_cluster.dashboard_url, env=ray_cluster.client_env())
+    assert logs.returncode == 0 and "done: run folder" in logs.stdout
+    missing = cli("status", "no-such-run", "--address", ray_cluster.dashboard_url, env=ray_cluster.client_env())
+    assert missing.returncode == 2 and "no run named 'no-such-run'" in missing.stderr
+
+
+def test_a_failing_job_exits_non_zero_with_the_tail_of_its_error(ray_cluster, job_args):
+    _, args = job_args
+    proc = cli("submit", "--address", ray_cluster.dashboard_url, "--run-name", "submit-fails",
+               "--fail-at-step", "2", "--max-failures", "0", *args, env=ray_cluster.client_env())
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Run submit-fails: FAILED" in proc.stderr
+    assert "Last lines of the job log" in proc.stderr and "injected failure" in proc.stderr
+
+
+def test_a_missing_token_is_named_as_the_cause(ray_cluster):
+    proc = cli("status", "submit-ok", "--address", ray_cluster.dashboard_url, env=without_token(ray_cluster.client_env()))
+    assert proc.returncode == 2
+    assert "requires a token: set RAY_AUTH_TOKEN" in proc.stderr
+
+
+def test_a_wrong_token_is_named_as_the_cause(ray_cluster):
+    env = {**ray_cluster.client_env(), "RAY_AUTH_TOKEN": "not-the-token"}
+    proc = cli("status", "submit-ok", "--address", ray_cluster.dashboard_url, env=env)
+    assert proc.returncode == 2
+    assert "rejected the token: RAY_AUTH_TOKEN is wrong" in proc.stderr
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_unreachable_address_fails_fast_with_the_address(ray_cluster):
+    address = f"http://127.0.0.1:{_closed_port()}"
+    started = time.monotonic()
+    proc = cli("status", "x", "--address", address, env=ray_cluster.client_env(), timeout=120)
+    assert proc.returncode == 2 and f"cannot reach the Ray dashboard at {address}" in proc.stderr
+    assert time.monotonic() - started < 60  # a guard against hanging, not a speed target
+
+
+def test_a_silent_server_times_out_within_the_bound(ray_cluster):
+    with socket.socket() as silent:  # accepts connections, never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        address = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        proc = cli("status", "x", "--address", address, "--timeout", "2", env=ray_cluster.client_env(), timeout=120)
+    assert proc.returncode == 2 and "within 2 s" in proc.stderr
+
+
+def test_bad_training_flags_fail_before_anything_is_submitted(ray_cluster, job_args):
+    _, args = job_args
+    proc = cli("submit", "--address", ray_cluster.dashboard_url, "--run-name", "never",
+               *args, "--global-batch-size", "7", env=ray_cluster.client_env())
+    assert proc.returncode == 2 and "--global-batch-size" in proc.stderr
+    assert "Submitted" not in proc.stdout
+
+
+# --- kubectl port-forward and pulumi stack outputs, through fake executables ------------
+
+FAKE_KUBECTL = '''\
+#!{python}
+"""Fake kubectl: port-forward proxies to $FAKE_DASHBOARD; get raycluster/secrets print JSON."""
+import base64, json, os, socket, sys, threading
+
+args = sys.argv[1:]
+with open(os.environ["FAKE_KUBECTL_LOG"], "a") as log:
+    log.write(json.dumps(args) + "\\n")
+if "port-forward" in args:
+    local = int(args[args.index("port-forward") + 2].split(":")[0])
+    host, port = os.environ["FAKE_DASHBOARD"].rsplit(":", 1)
+    with open(os.environ["FAKE_KUBECTL_PIDFILE"], "w") as f:
+        f.write(str(os.getpid()))
+
+    def pipe(a, b):
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            b.close()
+
+    server = socket.create_server(("127.0.0.1", local))
+    while True:
+        client, _ = server.accept()
+        upstream = socket.create_connection((host, int(port)))
+        threading.Thread(target=pipe, args=(client, upstream), daemon=True).start()
+        threading.Thread(target=pipe, args=(upstream, client), daemon=True).start()
+elif args[-4:-2] == ["get", "raycluster"] or "raycluster" in args:
+    print(json.dumps({{"spec": {{"authOptions": {{"mode": "token"}}}}}}))
+elif "secrets" in args:
+    token = base64.b64encode(os.environ["FAKE_TOKEN"].encode()).decode()
+    print(json.dumps({{"items": [
+        {{"metadata": {{"name": "unrelated"}}, "data": {{"auth_token": "eA=="}}}},
+        {{"metadata": {{"name": "raytrain-x", "ownerReferences": [{{"kind": "RayCluster", "name": "raytrain"}}]}},
+          "data": {{"auth_token": token}}}}]}}))
+else:
+    sys.exit("fake kubectl: unexpected " + " ".join(args))
+'''
+
+FAKE_PULUMI = '''\
+#!{python}
+import json, os, sys
+with open(os.environ["FAKE_PULUMI_LOG"], "a") as log:
+    log.write(json.dumps(sys.argv[1:]) + "\\n")
+print(open(os.environ["FAKE_PULUMI_OUTPUTS"]).read())
+'''
+
+
+@pytest.fixture
+def fake_tools(ray_cluster, tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("kubectl", FAKE_KUBECTL), ("pulumi", FAKE_PULUMI)):
+        path = bin_dir / name
+        path.write_text(textwrap.dedent(text).format(python=sys.executable))
+        path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(json.dumps({"rayNamespace": "ray", "rayHeadService": "raytrain-head-svc",
+                                   "rayClusterName": "raytrain", "kubeconfig": '{"apiVersion": "v1"}',
+                                   "gpuNodeType": "g6.12xlarge", "gpuNodeCount": 2}))
+    env = {**without_token(ray_cluster.client_env()),
+           "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+           "FAKE_DASHBOARD": ray_cluster.dashboard_url.removeprefix("http://"),
+           "FAKE_TOKEN": ray_cluster.token,
+           "FAKE_KUBECTL_LOG": str(tmp_path / "kubectl.log"),
+           "FAKE_KUBECTL_PIDFILE": str(tmp_path / "kubectl.pid"),
+           "FAKE_PULUMI_LOG": str(tmp_path / "pulumi.log"),
+           "FAKE_PULUMI_OUTPUTS": str(outputs)}
+    return env, tmp_path
+
+
+def _calls(path: Path) -> list[list[str]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat_file = Path(f"/proc/{pid}/stat")
+    return not (stat_file.exists() and stat_file.read_text().split()[2] == "Z")
+
+
+def test_port_forward_path_reads_the_token_from_the_raycluster_secret_and_closes(fake_tools, succeeded):
+    env, tmp = fake_tools
+    proc = cli("status", "submit-ok", "--namespace", "ray", env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "SUCCEEDED" in proc.stderr
+    calls = _calls(tmp / "kubectl.log")
+    forward = next(c for c in calls if "port-forward" in c)
+    assert forward[:3] == ["-n", "ray", "port-forward"] and forward[3] == "svc/raytrain-head-svc"
+    assert forward[4].endswith(":8265") and forward[-2:] == ["--address", "127.0.0.1"]
+    assert any("secrets" in c for c in calls)
+    time.sleep(0.5)
+    assert not _alive(int((tmp / "kubectl.pid").read_text()))  # the port-forward is closed afterwards
+
+
+def test_stack_outputs_name_the_service_and_kubeconfig(fake_tools, succeeded):
+    env, tmp = fake_tools
+    proc = cli("status", "submit-ok", "--stack", "dev", env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert _calls(tmp / "pulumi.log") == [["stack", "output", "--json", "--show-secrets", "--stack", "dev"]]
+    forward = next(c for c in _calls(tmp / "kubectl.log") if "port-forward" in c)
+    kubeconfig = forward[forward.index("--kubeconfig") + 1]
+    assert not Path(kubeconfig).exists()  # the secret kubeconfig does not outlive the command
+
+
+def test_local_inputs_are_refused_for_a_port_forwarded_cluster(fake_tools, job_args):
+    env, _ = fake_tools
+    _, args = job_args
+    proc = cli("submit", "--stack", "dev", "--run-name", "remote", *args, env=env, timeout=120)
+    assert proc.returncode == 2
+    assert "--dataset" in proc.stderr and "cluster cannot read" in proc.stderr
+
+
+def test_nccl_bench_runs_as_a_job_over_gloo(ray_cluster):
+    proc = cli("nccl-bench", "--address", ray_cluster.dashboard_url, "--device", "cpu", "--workers", "2",
+               "--max-bytes", "4096", "--iters", "2", "--warmup", "1", "--instance-type", "g6.12xlarge",
+               env=ray_cluster.client_env())
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "algbw (GB/s)" in proc.stdout and "busbw (GB/s)" in proc.stdout
+    row = re.compile(r"(\d+)\s+(\d+)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s*$")  # after Ray's "(RayTrainWorker ...)" prefix
+    sizes = [int(m.group(1)) for m in map(row.search, proc.stdout.splitlines()) if m]
+    assert sizes[:10] == [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
+    assert "2 ranks on 1 node(s), backend gloo" in proc.stdout
