@@ -21,6 +21,7 @@ from typing import Any, Mapping, Sequence
 SCHEDULES = ("cosine", "linear", "constant")
 DEVICES = ("cpu", "gpu")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
+SHARDINGS = ("auto", "full", "hybrid")
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -66,6 +67,9 @@ class TrainConfig:
     export: bool = True
     progress: bool = True
     fail_at_step: int = 0
+    sharding: str = "auto"
+    shard_size: int = 0
+    instance_type: str | None = None
 
     @property
     def use_gpu(self) -> bool:
@@ -148,6 +152,10 @@ _FLAG_HELP: dict[str, str] = {
     "export": "export a Hugging Face model folder at the end",
     "progress": "show a progress bar on rank 0",
     "fail_at_step": "testing aid: raise once at this step (first attempt only) to exercise recovery",
+    "sharding": "FSDP2 sharding: full (over all workers), hybrid (shard inside a node, replicate across nodes) "
+                "or auto (hybrid when the communication estimate for --instance-type favours it)",
+    "shard_size": "workers per shard group for hybrid sharding (0: the workers of one node)",
+    "instance_type": "GPU instance type of the workers, for the communication estimate (e.g. g6.12xlarge)",
 }
 
 # Names users bring from other trainers, mapped to ours for "did you mean" hints.
@@ -163,6 +171,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "schedule": SCHEDULES,
     "device": DEVICES,
     "attn_implementation": ATTN_IMPLEMENTATIONS,
+    "sharding": SHARDINGS,
 }
 
 
@@ -347,6 +356,19 @@ def validate(cfg: TrainConfig) -> None:
                 f"{flag('global_batch_size')} = {cfg.global_batch_size} is not divisible by "
                 f"{flag('num_workers')} x {flag('micro_batch_size')} = {cfg.num_workers} x {cfg.micro_batch_size} "
                 f"= {per_pass}; use a multiple of {per_pass} (e.g. {lo} or {lo + per_pass}) or change the workers/micro-batch")
+    if cfg.shard_size < 0:
+        bad("shard_size", "must be 0 (the workers of one node) or positive")
+    elif cfg.shard_size and cfg.sharding == "full":
+        bad("shard_size", "applies to hybrid sharding; pass --sharding hybrid or drop --shard-size")
+    elif cfg.shard_size and cfg.num_workers >= 1 and cfg.num_workers % cfg.shard_size:
+        bad("shard_size", f"must divide {flag('num_workers')} = {cfg.num_workers} (replicas x shard size)")
+    if cfg.instance_type is not None:
+        from trainer.flops import instance_network
+
+        try:
+            instance_network(cfg.instance_type)
+        except ValueError as e:
+            bad("instance_type", str(e).split(": ", 1)[1])
     if cfg.steps and cfg.warmup_steps >= cfg.steps > 1:
         p.append(f"{flag('warmup_steps')} = {cfg.warmup_steps} must be below {flag('steps')} = {cfg.steps}")
     if p:

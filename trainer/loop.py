@@ -47,15 +47,41 @@ class WorkerEnv:
 
 def setup_parallel(cfg: TrainConfig, rank: int, world_size: int, local_rank: int,
                    device: torch.device | None = None) -> WorkerEnv:
-    """Device and 1-D FSDP mesh over the process group Ray Train created (NCCL on GPU, gloo on CPU)."""
+    """Device and FSDP mesh over the process group Ray Train created (NCCL on GPU, gloo on CPU).
+
+    Full sharding: a 1-D mesh over every rank. Hybrid sharding: a 2-D (replicate, shard)
+    mesh, sharded inside a node and replicated across nodes, nodes told apart by the
+    ranks' hostnames (trainer.model.plan_sharding; --sharding auto weighs the estimate).
+    """
+    import socket
+
     from torch.distributed.device_mesh import init_device_mesh
+
+    from trainer.model import plan_sharding, read_model_config
 
     if cfg.use_gpu:
         device = device or torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("fsdp",))
+    hosts: list = [None] * world_size
+    if dist.is_initialized() and world_size > 1:
+        dist.all_gather_object(hosts, socket.gethostname())
+    else:
+        hosts = [socket.gethostname()] * world_size
+    params = None
+    if cfg.instance_type:  # only the communication estimate needs the model's size
+        try:
+            params = flops_lib.parameter_count(read_model_config(cfg.model))
+        except Exception:  # noqa: BLE001 - the estimate is then per 1B parameters
+            pass
+    plan = plan_sharding(cfg.sharding, world_size, hosts, shard_size=cfg.shard_size,
+                         instance_type=cfg.instance_type, micro_batches=cfg.grad_accum_steps, params=params,
+                         param_bytes=2 if cfg.use_gpu else 4)
+    mesh = init_device_mesh(device.type, plan.mesh_shape, mesh_dim_names=plan.mesh_dim_names)
+    if rank == 0:
+        log.info("sharding: %s, mesh %s over %d node(s) (%s)", plan.kind,
+                 " x ".join(f"{n}={k}" for n, k in zip(plan.mesh_dim_names, plan.mesh_shape)), plan.nodes, plan.reason)
     return WorkerEnv(rank, world_size, local_rank, device, mesh)
 
 

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import re
 import shutil
+from collections import Counter
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -23,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+log = logging.getLogger("trainer")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "tokenizer*"]
 
@@ -197,6 +201,37 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
                                f"{type(model).__name__} ({str(e).splitlines()[0][:300]})") from e
 
 
+def liger_kernels_available() -> bool:
+    try:
+        from liger_kernel.transformers import _apply_liger_kernel_to_instance  # noqa: F401
+    except Exception:  # noqa: BLE001 - missing, or no working Triton
+        return False
+    return True
+
+
+def apply_liger_kernels(model: nn.Module) -> bool:
+    """Liger's fused RMSNorm, SwiGLU and RoPE kernels on this model instance (not its loss: see trainer.losses)."""
+    from liger_kernel.transformers import _apply_liger_kernel_to_instance
+
+    before = {name: m.__dict__.get("forward") for name, m in model.named_modules()}
+    _apply_liger_kernel_to_instance(model=model, rope=True, rms_norm=True, swiglu=True,
+                                    fused_linear_cross_entropy=False, cross_entropy=False)
+    return any(m.__dict__.get("forward") is not before.get(name) for name, m in model.named_modules())
+
+
+def compile_layers(model: nn.Module) -> None:
+    """torch.compile each decoder layer's forward, leaving FSDP2's hooks (on the module call) eager.
+
+    Compiling the module itself (`layer.compile()`) would trace the FSDP hooks too, which
+    break the graph: that variant measured slower than eager on the H200.
+    """
+    import torch
+
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    for layer in decoder.layers:
+        layer.forward = torch.compile(layer.forward)
+
+
 def build_model(
     path: str | Path,
     *,
@@ -206,17 +241,41 @@ def build_model(
     activation_checkpointing: bool = False,
     mesh=None,
     seed: int = 0,
+    kernels: str = "auto",
+    compile: bool = False,
 ) -> nn.Module:
-    """A sharded, weight-loaded causal LM ready to train (random init if the folder has no weights)."""
+    """A sharded, weight-loaded causal LM ready to train (random init if the folder has no weights).
+
+    `kernels`: "liger" patches Liger's RMSNorm/SwiGLU/RoPE kernels into the model, "auto"
+    does so on GPU when liger-kernel is installed, "none" keeps transformers' modules.
+    """
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    if kernels not in ("auto", "liger", "none"):
+        raise ValueError(f"kernels {kernels!r}: use auto, liger or none")
+    if kernels == "liger" and not (use_gpu and liger_kernels_available()):
+        raise ValueError("kernels 'liger' needs a GPU and the liger-kernel package; use 'none' or 'auto'")
     config = AutoConfig.from_pretrained(str(path))
     config.use_cache = False
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation,
-                                                 dtype=torch.float32)
+
+    def on_meta() -> nn.Module:
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation,
+                                                    dtype=torch.float32)
+
+    model = on_meta()
+    if kernels == "liger" or (kernels == "auto" and use_gpu and liger_kernels_available()):
+        try:
+            model.liger_kernels = apply_liger_kernels(model)
+        except Exception as e:  # noqa: BLE001 - a Liger release that does not fit this transformers
+            if kernels == "liger":
+                raise
+            log.warning("Liger kernels not applied (%s: %s); using transformers' modules", type(e).__name__, e)
+            model = on_meta()
     if activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if compile:
+        compile_layers(model)
     shard_model(model, mixed_precision(use_gpu), mesh=mesh)
     model.to_empty(device=device)
     _reset_rotary_buffers(model, device)
@@ -228,6 +287,84 @@ def build_model(
             model.init_weights()
     model.train()
     return model
+
+
+# ---------------------------------------------------------------- sharding plan
+
+@dataclass(frozen=True)
+class ShardingPlan:
+    """How the ranks shard the model: mesh shape and why."""
+
+    kind: str                 # "full" or "hybrid"
+    replicate: int            # model replicas (nodes, for hybrid)
+    shard: int                # ranks each replica is sharded over
+    nodes: int
+    ranks_per_node: int
+    reason: str
+
+    @property
+    def mesh_shape(self) -> tuple[int, ...]:
+        return (self.replicate, self.shard) if self.kind == "hybrid" else (self.shard,)
+
+    @property
+    def mesh_dim_names(self) -> tuple[str, ...]:
+        return ("replicate", "shard") if self.kind == "hybrid" else ("fsdp",)
+
+
+def plan_sharding(sharding: str, world_size: int, hosts: list[str], *, shard_size: int = 0,
+                  instance_type: str | None = None, micro_batches: int = 1, params: int | None = None,
+                  param_bytes: int = 2) -> ShardingPlan:
+    """Full sharding over every rank, or hybrid: shard inside a node, replicate across nodes.
+
+    `hosts` is every rank's hostname (node count and ranks per node); `shard_size`
+    overrides the ranks per shard group. `auto` takes hybrid when the communication
+    estimate for the instance type favours it, and hybrid on several nodes of an unknown
+    type (only the gradient all-reduce then crosses the slower network).
+    """
+    from trainer.flops import choose_sharding, comm_estimate, format_estimate, instance_network
+
+    if sharding not in ("auto", "full", "hybrid"):
+        raise ValueError(f"sharding {sharding!r}: use auto, full or hybrid")
+    per_host = Counter(hosts)
+    nodes = len(per_host)
+    even = len(set(per_host.values())) == 1
+    ranks_per_node = world_size // nodes if even else 0
+    if shard_size:
+        if world_size % shard_size:
+            raise ValueError(f"shard size {shard_size} does not divide the {world_size} workers; "
+                             f"use a divisor of {world_size}")
+        group = shard_size
+    elif even:
+        group = ranks_per_node
+    elif sharding == "hybrid":
+        raise ValueError(f"hybrid sharding needs the same number of workers on every node, got "
+                         f"{dict(per_host)}; pass --shard-size or use --sharding full")
+    else:
+        group = world_size
+    reason = f"--sharding {sharding}"
+    kind = sharding
+    if sharding == "auto":
+        if shard_size:
+            kind, reason = "hybrid", f"--shard-size {shard_size}"
+        elif nodes <= 1:
+            kind, reason = "full", "one node"
+        elif instance_type:
+            net = instance_network(instance_type)
+            est = comm_estimate(params or 10**9, nodes=nodes, gpus_per_node=group, network_gbps=net["network_gbps"],
+                                intra_node_gbytes_per_s=net["intra_node_gbytes_per_s"],
+                                micro_batches=micro_batches, param_bytes=param_bytes)
+            kind = choose_sharding(est, nodes)
+            reason = format_estimate(est, nodes=nodes, gpus_per_node=group, instance_type=instance_type,
+                                     network_gbps=net["network_gbps"], chosen=kind)
+            if params is None:
+                reason += " (seconds per 1B parameters)"
+        else:
+            kind, reason = "hybrid", f"{nodes} nodes of unknown instance type: only gradients cross nodes"
+    if kind == "hybrid" and world_size // group == 1:
+        kind, reason = "full", reason + "; one replica, so full sharding"
+    if kind == "full":
+        return ShardingPlan("full", 1, world_size, nodes, ranks_per_node, reason)
+    return ShardingPlan("hybrid", world_size // group, group, nodes, ranks_per_node, reason)
 
 
 def build_optimizer(model: nn.Module, *, lr: float, weight_decay: float, fused: bool,

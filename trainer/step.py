@@ -188,3 +188,80 @@ def document_losses(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -
             if mask.any():
                 losses.append(token_loss[row, a:b][mask].mean())
     return losses
+
+
+# ---------------------------------------------------------------- micro-batch size
+
+def fit_micro_batch(rows: int, *, fixed_bytes: float, per_row_bytes: float, budget_bytes: float) -> int:
+    """Largest divisor of `rows` (a rank's sequences per step) whose memory fits the budget; at least 1."""
+    fits = [d for d in range(1, rows + 1) if rows % d == 0 and fixed_bytes + d * per_row_bytes <= budget_bytes]
+    return max(fits, default=1)
+
+
+def _available_host_bytes() -> float:
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 * 2**30
+
+
+def activation_bytes_per_row(config, seq_len: int, dtype_bytes: int = 4) -> float:
+    """Rough activation memory one sequence keeps for backward (CPU, where nothing can be measured)."""
+    d, ff, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    heads = config.num_attention_heads
+    per_token_layer = 16 * d + 4 * ff + heads * seq_len  # projections, norms, MLP, attention probabilities
+    return float(seq_len * layers * per_token_layer * dtype_bytes)
+
+
+def _probe_peak(model, rows: int, seq_len: int, device: torch.device, impl: str) -> float:
+    """Peak extra device memory of one forward/backward of `rows` random sequences (no optimizer step)."""
+    vocab = model.config.vocab_size
+    ids = torch.randint(0, vocab, (rows, seq_len), device=device)
+    pos = torch.arange(seq_len, device=device).expand(rows, seq_len)
+    labels = torch.roll(ids, -1, 1)
+    labels[:, -1] = IGNORE_INDEX
+    batch = {"input_ids": ids, "position_ids": pos, "labels": labels}
+    if impl != "plain":
+        batch["loss_index"] = loss_index(labels.cpu()).to(device)
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    token_loss_sum(model, batch, impl).backward()
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - base
+    model.zero_grad(set_to_none=True)
+    return float(peak)
+
+
+def choose_micro_batch(model, optimizer: torch.optim.Optimizer, *, rows: int, seq_len: int, device: torch.device,
+                       loss: str = "auto", headroom: float = 0.9) -> dict:
+    """The largest micro-batch (a divisor of this rank's rows per step) that fits in free memory.
+
+    On a GPU it is measured: one forward/backward of 1 and of 2 sequences gives the fixed
+    and the per-sequence peak; optimizer states not created yet (2 fp32 copies of this
+    rank's shard for AdamW) are added. On a CPU it is estimated from the model shape and
+    the host's available memory. Every rank takes the smallest answer.
+    """
+    impl = resolve_loss(loss, device)
+    local_params = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.parameters())
+    states = 0 if optimizer.state else 8 * local_params
+    if device.type == "cuda":
+        one = _probe_peak(model, 1, seq_len, device, impl)
+        two = _probe_peak(model, 2, seq_len, device, impl)
+        per_row, fixed = max(two - one, 1.0), max(2 * one - two, 0.0)
+        free, _ = torch.cuda.mem_get_info(device)
+        budget = (free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)) * headroom
+        source = "measured"
+    else:
+        per_row = activation_bytes_per_row(model.config, seq_len)
+        fixed, budget, source = 0.0, _available_host_bytes() * headroom, "estimated"
+    chosen = fit_micro_batch(rows, fixed_bytes=fixed + states, per_row_bytes=per_row, budget_bytes=budget)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        t = torch.tensor([chosen], device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        chosen = int(t.item())
+    return {"micro_batch_size": chosen, "per_row_gib": per_row / 2**30, "fixed_gib": (fixed + states) / 2**30,
+            "budget_gib": budget / 2**30, "source": source}

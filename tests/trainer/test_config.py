@@ -88,3 +88,20 @@ def test_steps_or_epochs_set_the_length_of_the_run():
     assert total_steps(parse(BASE + ["--steps", "7"]), steps_per_epoch=100) == 7
     assert total_steps(parse(BASE + ["--epochs", "3"]), steps_per_epoch=100) == 300
     assert total_steps(parse(BASE), steps_per_epoch=100) == 100  # one epoch by default
+
+
+def test_sharding_flags_are_validated_with_the_fix():
+    cfg = parse(BASE + ["--sharding", "hybrid", "--shard-size", "2", "--num-workers", "4", "--global-batch-size", "8",
+                        "--instance-type", "g6.12xlarge"])
+    assert (cfg.sharding, cfg.shard_size, cfg.instance_type) == ("hybrid", 2, "g6.12xlarge")
+    assert parse(BASE).sharding == "auto"
+    with pytest.raises(ConfigError) as e:
+        validate(TrainConfig(model="m", dataset="d", num_workers=4, global_batch_size=8, sharding="full", shard_size=2))
+    assert "--shard-size" in str(e.value) and "--sharding hybrid" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        validate(TrainConfig(model="m", dataset="d", num_workers=4, global_batch_size=8, sharding="hybrid",
+                             shard_size=3, instance_type="g9.huge"))
+    msg = str(e.value)
+    assert "must divide --num-workers = 4" in msg and "instance_type" in msg and "g6.12xlarge" in msg
+    with pytest.raises(ConfigError, match="sharding.*must be one of auto, full, hybrid"):
+        validate(TrainConfig(model="m", dataset="d", sharding="zero3"))

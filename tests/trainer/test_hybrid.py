@@ -1,0 +1,139 @@
+"""Hybrid sharding: the plan (nodes from hostnames, the communication estimate that picks the
+default) and a 2-D (replicate, shard) mesh training on 4 Ray workers with the same losses."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+import torch
+
+from trainer import flops
+from trainer.model import plan_sharding
+
+from .conftest import free_port
+
+QWEN_PARAMS = 1_543_714_304
+
+
+def test_one_node_is_full_sharding_whatever_auto_would_weigh():
+    plan = plan_sharding("auto", 4, ["a"] * 4, instance_type="g6.12xlarge")
+    assert (plan.kind, plan.mesh_shape, plan.mesh_dim_names, plan.nodes) == ("full", (4,), ("fsdp",), 1)
+
+
+def test_two_g6_nodes_default_to_hybrid_from_the_estimate():
+    plan = plan_sharding("auto", 8, ["a"] * 4 + ["b"] * 4, instance_type="g6.12xlarge", micro_batches=4,
+                         params=QWEN_PARAMS)
+    assert (plan.kind, plan.mesh_shape, plan.mesh_dim_names) == ("hybrid", (2, 4), ("replicate", "shard"))
+    assert plan.nodes == 2 and plan.ranks_per_node == 4
+    assert "40 Gbps" in plan.reason and "using hybrid" in plan.reason
+
+
+def test_fast_network_and_one_micro_batch_keep_full_sharding():
+    # p5: NVLink inside, 3200 Gbps EFA between nodes: one micro-batch per step favours full sharding
+    plan = plan_sharding("auto", 16, ["a"] * 8 + ["b"] * 8, instance_type="p5.48xlarge", micro_batches=1,
+                         params=QWEN_PARAMS)
+    assert plan.kind == "full" and plan.mesh_shape == (16,)
+    assert plan_sharding("auto", 16, ["a"] * 8 + ["b"] * 8, instance_type="p5.48xlarge", micro_batches=8,
+                         params=QWEN_PARAMS).kind == "hybrid"
+
+
+def test_explicit_choices_and_bad_topologies():
+    assert plan_sharding("full", 8, ["a"] * 4 + ["b"] * 4).mesh_shape == (8,)
+    assert plan_sharding("hybrid", 8, ["a"] * 4 + ["b"] * 4).mesh_shape == (2, 4)
+    assert plan_sharding("hybrid", 4, ["a"] * 4, shard_size=2).mesh_shape == (2, 2)
+    assert plan_sharding("hybrid", 4, ["a"] * 4).kind == "full"  # one replica is full sharding
+    assert plan_sharding("auto", 8, ["a"] * 4 + ["b"] * 4).kind == "hybrid"  # unknown instance type
+    with pytest.raises(ValueError, match="same number of workers on every node"):
+        plan_sharding("hybrid", 5, ["a"] * 3 + ["b"] * 2)
+    with pytest.raises(ValueError, match="shard size 3 does not divide the 4 workers"):
+        plan_sharding("hybrid", 4, ["a"] * 4, shard_size=3)
+    with pytest.raises(ValueError, match="sharding 'zero3'"):
+        plan_sharding("zero3", 4, ["a"] * 4)
+
+
+def test_full_sharding_over_two_g6_nodes_moves_0_9_model_sizes_per_collective():
+    net = flops.instance_network("g6.12xlarge")
+    assert (net["network_gbps"], net["gpudirect_rdma"], net["gpus_per_node"]) == (40, False, 4)
+    est = flops.comm_estimate(QWEN_PARAMS, nodes=2, gpus_per_node=4, network_gbps=40,
+                              intra_node_gbytes_per_s=net["intra_node_gbytes_per_s"], micro_batches=1)
+    full, hybrid = est["full"], est["hybrid"]
+    # bf16 all-gather twice, fp32 reduce-scatter once: 8 bytes per parameter per micro-batch, 7/8 of it over the wire
+    assert full["bytes_over_network"] == pytest.approx(8 * QWEN_PARAMS * 7 / 8)
+    assert full["seconds"] == pytest.approx(8 * QWEN_PARAMS * 7 / 8 / 5e9)
+    # hybrid: only the fp32 gradient all-reduce crosses nodes, 2 (n-1)/n of it
+    assert hybrid["bytes_over_network"] == pytest.approx(4 * QWEN_PARAMS)
+    assert hybrid["seconds"] < full["seconds"]
+    text = flops.format_estimate(est, nodes=2, gpus_per_node=4, instance_type="g6.12xlarge", network_gbps=40,
+                                 chosen="hybrid")
+    assert "g6.12xlarge" in text and "full sharding 2.16 s" in text and "hybrid 1.61 s" in text
+
+
+def test_the_fallback_network_table_is_the_catalog():
+    from infra.catalog import GPU_TYPES
+
+    assert flops._CATALOG_FALLBACK == {n: (t.gpus, t.gpu_model, t.network_gbps, t.gpudirect_rdma, t.nvlink)
+                                       for n, t in GPU_TYPES.items()}
+    with pytest.raises(ValueError, match="instance type 'g9.huge': unknown"):
+        flops.instance_network("g9.huge")
+
+
+# ---------------------------------------------------------------- 4 Ray workers, 2-D mesh
+
+STEPS = 4
+ARGS = ["--steps", str(STEPS), "--seed", "0", "--global-batch-size", "16", "--micro-batch-size", "2",
+        "--seq-len", "128", "--log-every", "1", "--checkpoint-every", "0"]
+
+
+def _reference_losses(cfg) -> list[float]:
+    """The same run on one process (world size 1): the losses any sharding must reproduce."""
+    import torch.distributed as dist
+
+    from trainer.data import prepare
+    from trainer.model import build_model, build_optimizer, build_scheduler, load_tokenizer
+    from trainer.step import train_step
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        cpu = torch.device("cpu")
+        data = prepare(cfg.dataset, "train", load_tokenizer(cfg.model), cfg.seq_len, cfg.resolved_cache_dir)
+        torch.manual_seed(cfg.seed)
+        model = build_model(cfg.model, device=cpu, use_gpu=False, seed=cfg.seed)
+        opt = build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=False)
+        sched = build_scheduler(opt, warmup=cfg.warmup_steps, total=STEPS, schedule=cfg.schedule,
+                                min_ratio=cfg.min_lr_ratio)
+        losses = []
+        for step in range(STEPS):
+            mbs = data.micro_batches(step, rank=0, world_size=1, global_batch=cfg.global_batch_size,
+                                     micro_batch=cfg.micro_batch_size, seed=cfg.seed)
+            losses.append(float(train_step(model, opt, sched, mbs, device=cpu, grad_clip=cfg.grad_clip).loss))
+        return losses
+    finally:
+        dist.destroy_process_group()
+
+
+def test_hybrid_2x2_mesh_on_4_ray_workers_trains_like_one_process(ray_cluster, trainer_cache, tmp_path):
+    import torch.distributed.checkpoint as dcp
+
+    from trainer import launch, local
+    from trainer.metrics import read_metrics
+
+    out = tmp_path / "hybrid"
+    args = local._parser().parse_args(ARGS + ["--workers", "4", "--out", str(out)])
+    local.prepare_assets(out, seed=0)
+    cfg = dataclasses.replace(local.make_config(args, out), sharding="hybrid", shard_size=2, export=False,
+                              max_failures=0, progress=False)
+    assert cfg.grad_accum_steps == 2  # 2 micro-batches per rank: the all-reduce is deferred to the second
+    result = launch.train(cfg)
+    assert result.error is None
+    rows = read_metrics(out / "metrics.jsonl")
+    hybrid = [r["loss"] for r in rows]
+    reference = _reference_losses(cfg)
+    assert len(hybrid) == STEPS and len(set(hybrid)) > 1
+    assert max(abs(a - b) / b for a, b in zip(hybrid, reference)) < 1e-3, list(zip(hybrid, reference))
+    # the checkpoint holds each weight in 2 shards (shard dim), not 4: the model was sharded 2-way, replicated 2-way
+    meta = dcp.FileSystemReader(str(out / f"checkpoint_{STEPS:08d}")).read_metadata().state_dict_metadata
+    key = next(k for k in meta if k.startswith("model.") and k.endswith("layers.0.mlp.up_proj.weight"))
+    assert len(meta[key].chunks) == 2, meta[key].chunks
