@@ -25,8 +25,27 @@ class Recorded:
     outputs: dict[str, Any]
 
 
-class _NoResourceReferencesMonitor(pulumi_mocks.MockMonitor):
-    """The stock mock monitor flakes ("attached to a different loop") when a resource is an input."""
+@dataclass(frozen=True)
+class Registration:
+    """What the engine is told about a resource beyond its inputs: its place in the dependency graph."""
+
+    urn: str
+    type: str
+    name: str
+    dependencies: frozenset[str]
+    ignore_changes: tuple[str, ...]
+    provider: str
+
+
+class _RecordingMonitor(pulumi_mocks.MockMonitor):
+    """Records every registration's dependencies, and never offers resource references.
+
+    The stock mock monitor flakes ("attached to a different loop") when a resource is an input.
+    """
+
+    def __init__(self, mocks: "RecordingMocks"):
+        super().__init__(mocks)
+        self.registrations: dict[str, Registration] = {}
 
     def SupportsFeature(self, request):
         has_support = request.id not in ("outputValues", "resourceReferences")
@@ -36,6 +55,13 @@ class _NoResourceReferencesMonitor(pulumi_mocks.MockMonitor):
         info = super().GetDeploymentInfo(request)
         kept = [f for f in info.supportedFeatures if f != resource_pb2.RESOURCE_MONITOR_FEATURE_RESOURCE_REFERENCES]
         return resource_pb2.DeploymentInfo(supportedFeatures=kept)
+
+    def RegisterResource(self, request):
+        response = super().RegisterResource(request)
+        self.registrations[response.urn] = Registration(
+            response.urn, request.type, request.name, frozenset(request.dependencies),
+            tuple(request.ignoreChanges), request.provider)
+        return response
 
 
 class RecordingMocks(pulumi.runtime.Mocks):
@@ -100,6 +126,28 @@ class PlanResult:
     outputs: dict[str, Any]
     calls: list[tuple[str, dict]] = field(default_factory=list)
     secret_outputs: set[str] = field(default_factory=set)
+    registrations: dict[str, Registration] = field(default_factory=dict)
+
+    def reg(self, typ: str, name: str) -> Registration:
+        (found,) = [r for r in self.registrations.values() if r.type == typ and r.name == name]
+        return found
+
+    def urn(self, typ: str, name: str) -> str:
+        return self.reg(typ, name).urn
+
+    def urns(self, predicate) -> list[str]:
+        return [r.urn for r in self.registrations.values() if predicate(r)]
+
+    def ancestors(self, urn: str) -> set[str]:
+        """Everything `urn` depends on, directly or not: what Pulumi deletes only after it."""
+        seen: set[str] = set()
+        todo = list(self.registrations[urn].dependencies)
+        while todo:
+            dep = todo.pop()
+            if dep not in seen:
+                seen.add(dep)
+                todo.extend(self.registrations[dep].dependencies if dep in self.registrations else ())
+        return seen
 
     def of_type(self, typ: str) -> list[Recorded]:
         return [r for r in self.resources if r.type == typ]
@@ -109,6 +157,17 @@ class PlanResult:
         if len(found) != 1:
             raise AssertionError(f"expected one {typ} {name or ''}, found {[r.name for r in found]}")
         return found[0]
+
+
+def plain(value: Any) -> Any:
+    """Engine values as a person writes them: the wire format carries every number as a float."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items() if k != "__provider"}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    return value
 
 
 def _config_strings(raw: dict[str, Any]) -> dict[str, str]:
@@ -123,8 +182,8 @@ def run(raw_config: dict[str, Any], *, stack: str = "dev", project: str = "raytr
 
     region = str(raw_config.get("aws:region") or "us-east-1")
     mocks = mocks or RecordingMocks(region)
-    pulumi.runtime.set_mocks(mocks, project=project, stack=stack, preview=False,
-                             monitor=_NoResourceReferencesMonitor(mocks))
+    monitor = _RecordingMonitor(mocks)
+    pulumi.runtime.set_mocks(mocks, project=project, stack=stack, preview=False, monitor=monitor)
     pulumi.runtime.set_all_config(_config_strings(raw_config))
     results: dict[str, Any] = {}
     secrets: set[str] = set()
@@ -139,4 +198,4 @@ def run(raw_config: dict[str, Any], *, stack: str = "dev", project: str = "raytr
         return pulumi.Output.all(pulumi.Output.all(**outputs).apply(results.update), *checks)
 
     pulumi.runtime.test(body)()
-    return PlanResult(mocks.resources, results, mocks.calls, secrets)
+    return PlanResult(mocks.resources, results, mocks.calls, secrets, monitor.registrations)

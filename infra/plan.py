@@ -47,17 +47,6 @@ K8S_OBJECT_FIELDS = ("apiVersion", "kind", "metadata", "spec", "data", "stringDa
                      "roleRef", "automountServiceAccountToken")
 
 
-def _plain(value: Any) -> Any:
-    """Engine values as a person writes them: 2 rather than 2.0, no pickled providers."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items() if k != "__provider"}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
-
-
 def read_stack_file(stack: str, root: Path | None = None) -> dict[str, Any]:
     root = root or REPO_ROOT
     path = root / f"Pulumi.{stack}.yaml"
@@ -82,7 +71,7 @@ def _get(inputs: dict, dotted: str):
 def _summary(resource: offline.Recorded) -> str:
     parts = []
     for key in KEY_SETTINGS.get(resource.type, ()):
-        value = _plain(_get(resource.inputs, key))
+        value = offline.plain(_get(resource.inputs, key))
         if value is None:
             continue
         if key == "networkInterfaces":
@@ -135,7 +124,7 @@ def ray_idle_minutes(result: offline.PlanResult) -> int | None:
 
 def kubernetes_objects(result: offline.PlanResult) -> list[dict]:
     """Every Kubernetes object the program declares, as the API server would receive it."""
-    return [{k: _plain(v) for k, v in r.inputs.items() if k in K8S_OBJECT_FIELDS}
+    return [{k: offline.plain(v) for k, v in r.inputs.items() if k in K8S_OBJECT_FIELDS}
             for r in result.resources
             if r.type.startswith("kubernetes:") and "apiVersion" in r.inputs and "kind" in r.inputs]
 
@@ -143,7 +132,7 @@ def kubernetes_objects(result: offline.PlanResult) -> list[dict]:
 def helm_releases(result: offline.PlanResult) -> list[dict]:
     return [{"name": r.inputs.get("name", r.name), "chart": r.inputs.get("chart"), "version": r.inputs.get("version"),
              "repository": _get(r.inputs, "repositoryOpts.repo"), "namespace": r.inputs.get("namespace"),
-             "values": _plain(r.inputs.get("values", {}))}
+             "values": offline.plain(r.inputs.get("values", {}))}
             for r in result.of_type("kubernetes:helm.sh/v3:Release")]
 
 
@@ -152,7 +141,7 @@ def write_out(result: offline.PlanResult, out: Path) -> list[Path]:
     written = [out / "resources.json"]
     written[0].write_text(json.dumps({
         "notice": NOTICE,
-        "resources": [{"type": r.type, "name": r.name, "inputs": _plain(r.inputs)} for r in result.resources],
+        "resources": [{"type": r.type, "name": r.name, "inputs": offline.plain(r.inputs)} for r in result.resources],
         "outputs": {k: ("[secret]" if k == "kubeconfig" else v) for k, v in result.outputs.items()},
     }, indent=2, sort_keys=True, default=str))
     for subdir, docs, name_of in (

@@ -30,56 +30,25 @@ EXPECTED_DEVICES = {"dev": ("4", "1"), "p5": ("8", "32")}  # GPUs, EFA devices p
 # --- running the program, with what the engine is told about each resource ------------------------
 
 @dataclass
-class Registration:
-    urn: str
-    type: str
-    name: str
-    dependencies: set[str]
-    ignore_changes: list[str]
-
-
-@dataclass
 class Run:
+    """A program run and its dependency graph (offline.PlanResult records both)."""
+
     result: offline.PlanResult
-    registrations: list[Registration]
 
-    def reg(self, typ: str, name: str) -> Registration:
-        (found,) = [r for r in self.registrations if r.type == typ and r.name == name]
-        return found
+    def __getattr__(self, name):
+        return getattr(self.result, name)
 
-    def ancestors(self, urn: str) -> set[str]:
-        by_urn = {r.urn: r for r in self.registrations}
-        seen: set[str] = set()
-        todo = list(by_urn[urn].dependencies)
-        while todo:
-            dep = todo.pop()
-            if dep not in seen:
-                seen.add(dep)
-                todo.extend(by_urn[dep].dependencies if dep in by_urn else ())
-        return seen
+    @property
+    def registrations(self) -> list:
+        return list(self.result.registrations.values())
 
 
 def run(stack: str = "dev", **overrides) -> Run:
-    """The program under mocks; the monitor also keeps each registration's dependencies and ignoreChanges."""
+    """The program under mocks, with each registration's dependencies and ignoreChanges."""
     raw = dict(BASE)
     for key, value in {**STACKS[stack], **overrides}.items():
         raw[f"raytrain-eks:{key}"] = value
-    registrations: list[Registration] = []
-
-    class Monitor(offline._NoResourceReferencesMonitor):
-        def RegisterResource(self, request):
-            response = super().RegisterResource(request)
-            registrations.append(Registration(response.urn, request.type, request.name, set(request.dependencies),
-                                              list(request.ignoreChanges)))
-            return response
-
-    original = offline._NoResourceReferencesMonitor
-    offline._NoResourceReferencesMonitor = Monitor
-    try:
-        result = offline.run(raw, stack=stack)
-    finally:
-        offline._NoResourceReferencesMonitor = original
-    return Run(result, registrations)
+    return Run(offline.run(raw, stack=stack))
 
 
 def config(stack: str = "dev", **overrides):
@@ -210,7 +179,7 @@ def test_gpu_node_group_scales_from_zero_and_pulumi_leaves_its_size_alone(runs, 
     assert gpu["labels"] == {**nodes.GPU_LABELS, autoscaling.ACCELERATOR_LABEL: autoscaling.accelerator(
         config(stack).gpu)}
     # What the engine receives: a path into an input that exists, in the schema's camelCase.
-    assert runs[stack].reg(NODE_GROUP, "gpu-ng").ignore_changes == ["scalingConfig.desiredSize"]
+    assert runs[stack].reg(NODE_GROUP, "gpu-ng").ignore_changes == ("scalingConfig.desiredSize",)
     (path,) = runs[stack].reg(NODE_GROUP, "gpu-ng").ignore_changes
     outer, inner = path.split(".")
     assert inner in gpu[outer]
@@ -220,7 +189,7 @@ def test_the_system_node_group_keeps_its_fixed_size(runs):
     system = runs["dev"].result.one(NODE_GROUP, "system-ng").inputs
     assert as_ints(system["scalingConfig"]) == {"minSize": 1, "maxSize": 1, "desiredSize": 1}
     assert not [k for k in system["tags"] if k.startswith("k8s.io/cluster-autoscaler")]
-    assert runs["dev"].reg(NODE_GROUP, "system-ng").ignore_changes == []
+    assert runs["dev"].reg(NODE_GROUP, "system-ng").ignore_changes == ()
 
 
 def test_asg_tags_land_on_the_gpu_node_groups_asg(runs, stack):
@@ -407,7 +376,7 @@ def test_fixed_size_stack_has_none_of_it(fixed_dev):
     assert as_ints(gpu["scalingConfig"]) == {"minSize": 2, "maxSize": 2, "desiredSize": 2}
     assert gpu["labels"] == nodes.GPU_LABELS
     assert not [k for k in gpu["tags"] if k.startswith("k8s.io/cluster-autoscaler")]
-    assert fixed_dev.reg(NODE_GROUP, "gpu-ng").ignore_changes == []
+    assert fixed_dev.reg(NODE_GROUP, "gpu-ng").ignore_changes == ()
     spec = as_ints(result.one(RAYCLUSTER).inputs["spec"])
     assert spec["enableInTreeAutoscaling"] is False and "autoscalerOptions" not in spec
     (group,) = spec["workerGroupSpecs"]

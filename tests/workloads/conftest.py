@@ -70,58 +70,20 @@ def stack_config(stack: str, **overrides) -> config.StackConfig:
 
 
 @dataclass
-class Registration:
-    urn: str
-    type: str
-    name: str
-    dependencies: set[str]
-    provider: str
-
-
-@dataclass
 class StackRun:
+    """A program run and its dependency graph (offline.PlanResult records both)."""
+
     result: offline.PlanResult
-    registrations: dict[str, Registration] = field(default_factory=dict)
 
-    def urn(self, typ: str, name: str) -> str:
-        (found,) = [r.urn for r in self.registrations.values() if r.type == typ and r.name == name]
-        return found
-
-    def urns(self, predicate) -> list[str]:
-        return [r.urn for r in self.registrations.values() if predicate(r)]
-
-    def ancestors(self, urn: str) -> set[str]:
-        """Everything `urn` depends on, directly or not: what Pulumi deletes only after it."""
-        seen: set[str] = set()
-        todo = list(self.registrations[urn].dependencies)
-        while todo:
-            dep = todo.pop()
-            if dep not in seen:
-                seen.add(dep)
-                todo.extend(self.registrations.get(dep, Registration(dep, "", "", set(), "")).dependencies)
-        return seen
+    def __getattr__(self, name):
+        return getattr(self.result, name)
 
 
 def run_stack(stack: str, **overrides) -> StackRun:
-    """Run the program for Pulumi.<stack>.yaml (plus overrides) and record dependencies per resource."""
+    """Run the program for Pulumi.<stack>.yaml (plus overrides)."""
     raw = stack_file(stack)
     raw.update({k if ":" in k else f"raytrain-eks:{k}": v for k, v in overrides.items()})
-    registrations: dict[str, Registration] = {}
-
-    class DependencyRecordingMonitor(offline._NoResourceReferencesMonitor):
-        def RegisterResource(self, request):
-            response = super().RegisterResource(request)
-            registrations[response.urn] = Registration(
-                response.urn, request.type, request.name, set(request.dependencies), request.provider)
-            return response
-
-    original = offline._NoResourceReferencesMonitor
-    offline._NoResourceReferencesMonitor = DependencyRecordingMonitor
-    try:
-        result = offline.run(raw, stack=stack)
-    finally:
-        offline._NoResourceReferencesMonitor = original
-    return StackRun(result, registrations)
+    return StackRun(offline.run(raw, stack=stack))
 
 
 @pytest.fixture(scope="session")

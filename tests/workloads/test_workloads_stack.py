@@ -9,6 +9,7 @@ import pytest
 import yaml
 from pulumi.runtime import rpc
 
+from infra import offline
 from infra import plan
 from infra.cost import hourly_cost
 from workloads import charts, image, raycluster
@@ -29,17 +30,6 @@ def run(request):
 
 def kubernetes(run):
     return [r for r in run.result.resources if r.type.startswith("kubernetes:")]
-
-
-def as_ints(value):
-    """Pulumi's wire format carries every number as a float."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, dict):
-        return {k: as_ints(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [as_ints(v) for v in value]
-    return value
 
 
 def walk(value, path=()):
@@ -101,7 +91,7 @@ def test_helm_releases_carry_chart_version_repository_and_values(run):
 def test_raycluster_is_the_pure_manifest_and_valid(run, raycluster_schema, strict_raycluster_schema):
     outputs = run.result.outputs
     cfg = stack_config(outputs["clusterName"].rsplit("-", 1)[-1])
-    inputs = as_ints(run.result.one(RAYCLUSTER).inputs)
+    inputs = offline.plain(run.result.one(RAYCLUSTER).inputs)
     assert set(inputs) == {"apiVersion", "kind", "metadata", "spec"}
     assert inputs == raycluster.manifest(cfg, image=outputs["dlcImage"], checkpoint_uri=outputs["checkpointBucketUri"])
     raycluster_schema.validate(inputs)
@@ -170,7 +160,7 @@ def test_worker_devices_follow_the_gpu_family(p5_run, dev_run):
         (group,) = run.result.one(RAYCLUSTER).inputs["spec"]["workerGroupSpecs"]
         limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
         assert (limits["nvidia.com/gpu"], limits["vpc.amazonaws.com/efa"]) == (gpus, efa)
-        assert as_ints(group["replicas"]) == 2
+        assert offline.plain(group["replicas"]) == 2
         (launch_template,) = [r for r in run.result.of_type("aws:ec2/launchTemplate:LaunchTemplate")
                               if "networkInterfaces" in r.inputs]
         assert len(launch_template.inputs["networkInterfaces"]) == int(efa)  # one EFA device per interface
