@@ -1,0 +1,112 @@
+"""`python -m trainer.bench`: one JSON line per setup with the agreed fields (no timings asserted),
+the padding benchmark's dataset, the communication estimate, and the Ray vs torchrun harness."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trainer import bench
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _lines(text: str) -> dict[str, dict]:
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("{"):
+            record = json.loads(line)
+            out[record["setup"]] = record
+    return out
+
+
+def test_throughput_runs_the_trainer_and_the_transformers_baseline_on_cpu(capsys):
+    code = bench.main(["--model-shape", "tiny", "--seq-len", "64", "--global-batch-size", "4",
+                       "--hf-micro-batch-size", "2", "--steps", "1", "--warmup", "1"])
+    lines = _lines(capsys.readouterr().out)
+    assert code == 0, lines
+    assert set(lines) == {"matmul_peak", "hf_trainer", "trainer", "summary"}
+    assert lines["matmul_peak"]["measured_peak_tflops"] > 0 and lines["matmul_peak"]["dtype"] == "float32"
+    for setup in ("hf_trainer", "trainer"):
+        r = lines[setup]
+        for key in ("tokens_per_s", "mfu_measured_peak", "mfu_datasheet_peak", "peak_mem_gib", "gflop_per_token",
+                    "micro_batch_size", "seq_len", "global_batch_size", "device", "torch", "transformers"):
+            assert key in r, (setup, key)
+        assert r["tokens_per_s"] > 0 and r["mfu_measured_peak"] > 0 and r["peak_mem_gib"] > 0
+        assert r["mfu_datasheet_peak"] is None  # no datasheet peak for a CPU
+        assert (r["seq_len"], r["global_batch_size"], r["model_shape"]) == (64, 4, "tiny")
+    assert lines["hf_trainer"]["micro_batch_size"] * lines["hf_trainer"]["grad_accum"] == 4
+    t = lines["trainer"]
+    assert t["loss_impl"] == "chunked" and t["micro_batch_size"] * t["grad_accum"] == 4
+    assert t["micro_batch_fit"]["source"] == "estimated"
+    assert lines["summary"]["speedup_vs_hf_trainer"] == pytest.approx(
+        t["tokens_per_s"] / lines["hf_trainer"]["tokens_per_s"], rel=1e-2)
+
+
+def test_bad_options_are_named_with_the_fix(capsys):
+    assert bench.main(["--model-shape", "llama-70b"]) == 2
+    assert "--model-shape 'llama-70b': unknown; use one of qwen2.5-1.5b, tiny" in capsys.readouterr().err
+    assert bench.main(["--global-batch-size", "8", "--micro-batch-size", "3"]) == 2
+    assert "positive divisor of --global-batch-size 8" in capsys.readouterr().err
+    assert bench.main(["--setups", "hf_trainer,deepspeed"]) == 2
+    assert "unknown deepspeed" in capsys.readouterr().err
+
+
+def test_the_instruction_dataset_is_deterministic_with_a_long_tail():
+    a = bench.instruction_lengths(2000, 2048, seed=0)
+    assert a == bench.instruction_lengths(2000, 2048, seed=0) and a != bench.instruction_lengths(2000, 2048, seed=1)
+    total = np.array([p + r for p, r in a])
+    assert total.max() <= 2048 and total.min() >= 8
+    assert 200 < np.median(total) < 400 and np.percentile(total, 90) > 2.5 * np.median(total)
+    docs = bench.instruction_documents(50, 512, vocab=100)
+    assert all(len(ids) == len(mask) and mask.any() and not mask[0] for ids, mask in docs)
+
+
+def test_padding_benchmark_reports_useful_tokens_of_packed_and_padded(capsys):
+    code = bench.main(["padding", "--documents", "300", "--seq-len", "256", "--global-batch-size", "4",
+                       "--hf-micro-batch-size", "4", "--steps", "1", "--warmup", "1"])
+    lines = _lines(capsys.readouterr().out)
+    assert code == 0, lines
+    assert lines["dataset"]["length_p90"] > 2 * lines["dataset"]["length_median"]
+    for setup in ("trainer_packed", "hf_trainer_padded"):
+        assert lines[setup]["useful_tokens_per_s"] > 0 and lines[setup]["documents_per_step"] > 0
+    assert lines["trainer_packed"]["packing_efficiency"] > 0.8
+    assert lines["summary"]["useful_tokens_ratio_packed_vs_padded"] > 0
+    # both sides see about the same number of documents per optimizer step
+    ratio = lines["trainer_packed"]["documents_per_step"] / lines["hf_trainer_padded"]["documents_per_step"]
+    assert 0.5 < ratio < 2
+
+
+def test_comm_estimate_prints_the_default_for_two_g6_nodes(capsys):
+    assert bench.main(["comm", "--instance-type", "g6.12xlarge", "--nodes", "2"]) == 0
+    captured = capsys.readouterr()
+    r = _lines(captured.out)["comm_estimate"]
+    assert r["default_sharding"] == "hybrid" and r["hybrid_s_per_step"] < r["full_s_per_step"]
+    assert (r["network_gbps"], r["gpudirect_rdma"], r["params"]) == (40, False, 1_543_714_304)
+    assert "using hybrid" in captured.err
+    assert bench.main(["comm", "--instance-type", "g9.huge"]) == 2
+
+
+def test_bench_losses_step_model_flops_import_neither_ray_nor_datasets():
+    code = ("import sys, trainer.bench, trainer.losses, trainer.step, trainer.model, trainer.flops; "
+            "print(sorted(m for m in ('ray', 'datasets') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_harness_runs_the_same_training_under_ray_and_torchrun(ray_cluster, trainer_cache, tmp_path, capsys):
+    code = bench.main(["harness", "--address", ray_cluster.address, "--workers", "2", "--steps", "6",
+                       "--log-every", "2", "--skip", "1", "--global-batch-size", "8", "--seq-len", "128",
+                       "--out", str(tmp_path)])
+    lines = _lines(capsys.readouterr().out)
+    assert code == 0, lines
+    for path in ("ray", "torchrun"):
+        r = lines[path]
+        assert r["steady_tokens_per_s"] > 0 and len(r["intervals"]) == 3 and r["workers"] == 2
+        assert (tmp_path / path / "metrics.jsonl").is_file()
+    assert lines["summary"]["ray_vs_torchrun"] > 0
