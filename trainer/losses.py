@@ -18,6 +18,7 @@ installed. Imports only torch.
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -87,6 +88,7 @@ def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, lab
     return _ChunkedLinearCrossEntropy.apply(hidden, weight, labels, rows, ignore_index, may_ignore)
 
 
+@functools.lru_cache(maxsize=None)
 def liger_available() -> bool:
     try:
         import liger_kernel.transformers.functional  # noqa: F401

@@ -11,6 +11,7 @@ Imports torch and transformers only (no ray, no datasets): the benchmark reuses 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -201,6 +202,7 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
                                f"{type(model).__name__} ({str(e).splitlines()[0][:300]})") from e
 
 
+@functools.lru_cache(maxsize=None)
 def liger_kernels_available() -> bool:
     try:
         from liger_kernel.transformers import _apply_liger_kernel_to_instance  # noqa: F401
