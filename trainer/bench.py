@@ -459,11 +459,17 @@ def padding_main(argv: Sequence[str]) -> int:
     docs_per_step = args.global_batch_size * stats.documents / stats.rows
     grad_accum = args.hf_grad_accum or max(1, round(docs_per_step / args.hf_micro_batch_size))
     results = {}
+    shapes: list[tuple[int, int]] = []  # (padded, real) tokens of every Trainer micro-batch
+
+    def real_tokens(b: dict) -> int:
+        shapes.append((int(b["input_ids"].numel()), int(b["attention_mask"].sum())))
+        return shapes[-1][1]
+
     try:
         res = run_hf_trainer(config, PaddedDocs(docs), args=args, micro_batch=args.hf_micro_batch_size,
-                             grad_accum=grad_accum, collator=pad_to_longest,
-                             tokens_of=lambda b: int(b["attention_mask"].sum()))
+                             grad_accum=grad_accum, collator=pad_to_longest, tokens_of=real_tokens)
         res["documents_per_step"] = args.hf_micro_batch_size * grad_accum
+        res["padding_fraction"] = round(1 - sum(r for _, r in shapes) / sum(p for p, _ in shapes), 4)
         results["hf_trainer_padded"] = res
     except Exception as e:  # noqa: BLE001
         emit({"setup": "hf_trainer_padded", "error": f"{type(e).__name__}: {str(e)[:500]}"})
