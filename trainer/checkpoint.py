@@ -7,9 +7,16 @@ Layout of one checkpoint, `<run>/checkpoint_<step>/`:
   COMPLETE.json         written last, after every rank's files are in storage
 
 A checkpoint folder without COMPLETE.json (a crash mid-upload, ray issue 41700) is never
-resumed from. The sequence per save is: every rank writes its shard and uploads it;
-barrier; rank 0 writes the marker; then the checkpoint is reported to Ray, so Ray's
-"latest checkpoint" is always a complete one.
+resumed from. The sequence per save is: every rank writes its shard and uploads it; the
+ranks exchange their outcome; rank 0 lists the folder in storage and checks that every
+file the DCP metadata refers to is there at full length, plus every rank's RNG state;
+only then does it write the marker, which records each file's size; then the checkpoint
+is reported to Ray, so Ray's "latest checkpoint" is always a complete one. A failure on
+any rank fails the save on every rank with one CheckpointError (no rank hangs in a
+collective waiting for another), and no marker is written.
+
+A marker is trusted only while the files it lists are still there at their recorded
+sizes, so a folder that lost files afterwards (a deletion cut short) is skipped too.
 """
 
 from __future__ import annotations
@@ -102,9 +109,53 @@ def _staging(storage: Storage, name: str) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written completely: it has no marker and is never resumed from."""
+
+
+def _gather(value):
+    """Every rank's value, in rank order (a collective)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [value]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out
+
+
+def _from_rank0(value):
+    """Rank 0's value on every rank (a collective)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _required_files(folder: Path, world: int) -> dict[str, int]:
+    """Minimum size of every file a load reads: DCP's own index of the shards, the RNG and train state."""
+    import torch.distributed.checkpoint as dcp
+
+    metadata = dcp.FileSystemReader(str(folder)).read_metadata()
+    required: dict[str, int] = {".metadata": 1, TRAIN_STATE: 1}
+    for info in (metadata.storage_data or {}).values():
+        required[info.relative_path] = max(required.get(info.relative_path, 0), info.offset + info.length)
+    for r in range(world):
+        required[f"rng/rank_{r}.pt"] = 1
+    return required
+
+
+def _missing(present: dict[str, int], required: dict[str, int]) -> list[str]:
+    return sorted(f"{path} ({'absent' if path not in present else f'{present[path]} of {size} bytes'})"
+                  for path, size in required.items() if present.get(path, -1) < size)
+
+
 def save(storage: Storage, step: int, model, optimizer, scheduler, data_position: dict,
          extra: dict | None = None) -> str:
-    """Collective: every rank writes its shard; returns the checkpoint's path in storage."""
+    """Collective: every rank writes its shard; returns the checkpoint's path in storage.
+
+    Raises CheckpointError on every rank when any rank failed to write or the files are not
+    all in storage; the folder then has no marker and the previous checkpoint stays the latest.
+    """
     import torch.distributed.checkpoint as dcp
 
     name = dir_name(step)
@@ -113,38 +164,76 @@ def save(storage: Storage, step: int, model, optimizer, scheduler, data_position
         storage.delete_dir(name)  # a leftover of a crashed attempt at this same step
     _barrier()
     t0 = time.perf_counter()
-    with _staging(storage, name) as folder:
-        dcp.save(_sharded_state(model, optimizer), checkpoint_id=str(folder))
-        (folder / "rng").mkdir(exist_ok=True)
-        torch.save(rng_state(), folder / "rng" / f"rank_{rank}.pt")
-        if rank == 0:
-            state = {"step": step, "data_position": data_position, "world_size": world,
-                     "scheduler": scheduler.state_dict() if scheduler is not None else None, **(extra or {})}
-            (folder / TRAIN_STATE).write_text(json.dumps(state, indent=1))
-    _barrier()
-    if rank == 0:
-        storage.write_text(json.dumps({"step": step, "world_size": world, "time": time.time(),
-                                       "save_s": round(time.perf_counter() - t0, 3)}), name, MARKER)
-    _barrier()
+    required: dict[str, int] = {}
+    error = None
+    try:
+        with _staging(storage, name) as folder:
+            dcp.save(_sharded_state(model, optimizer), checkpoint_id=str(folder))
+            (folder / "rng").mkdir(exist_ok=True)
+            torch.save(rng_state(), folder / "rng" / f"rank_{rank}.pt")
+            if rank == 0:
+                state = {"step": step, "data_position": data_position, "world_size": world,
+                         "scheduler": scheduler.state_dict() if scheduler is not None else None, **(extra or {})}
+                (folder / TRAIN_STATE).write_text(json.dumps(state, indent=1))
+                required = _required_files(folder, world)
+    except Exception as e:  # noqa: BLE001 - reported to every rank below, then raised
+        error = f"{type(e).__name__}: {e}"
+    failures = [(r, err) for r, err in enumerate(_gather(error)) if err]
+    verdict = "; ".join(f"rank {r}: {err}" for r, err in failures) or None
+    if verdict is None and rank == 0:
+        try:
+            present = storage.file_sizes(name)
+            missing = _missing(present, required)
+            if missing:
+                verdict = f"not in storage after the upload: {', '.join(missing)}"
+            else:
+                storage.write_text(json.dumps({"step": step, "world_size": world, "time": time.time(),
+                                               "save_s": round(time.perf_counter() - t0, 3),
+                                               "files": present}), name, MARKER)
+        except Exception as e:  # noqa: BLE001 - reported to every rank below, then raised
+            verdict = f"rank 0 writing {MARKER}: {type(e).__name__}: {e}"
+    verdict = _from_rank0(verdict)
+    if verdict:
+        raise CheckpointError(f"checkpoint {storage.path(name)} was not saved (no {MARKER}; the previous "
+                              f"complete checkpoint stays the latest): {verdict}")
     return storage.path(name)
 
 
 def is_complete(storage: Storage, name: str) -> bool:
-    return storage.exists(name, MARKER)
+    """Marker present and readable, and every file it lists still there at its recorded size."""
+    if not storage.exists(name, MARKER):
+        return False
+    try:
+        marker = json.loads(storage.read_text(name, MARKER))
+    except (OSError, ValueError) as e:
+        log.warning("checkpoint %s: unreadable %s (%s)", storage.path(name), MARKER, e)
+        return False
+    if not isinstance(marker, dict):
+        return False
+    listed = marker.get("files")
+    if listed:
+        missing = _missing(storage.file_sizes(name), listed)
+        if missing:
+            log.warning("checkpoint %s: files listed in %s are gone or shorter: %s",
+                        storage.path(name), MARKER, ", ".join(missing))
+            return False
+    return True
 
 
 def latest_complete(storage: Storage, preferred: str | None = None) -> str | None:
-    """The newest complete checkpoint: Ray's reported one if complete, else a scan of the run folder."""
-    if preferred:
-        name = preferred.rstrip("/").rsplit("/", 1)[-1]
-        if is_complete(storage, name):
-            return name
-        log.warning("checkpoint %s has no %s (incomplete upload); looking for an older one", preferred, MARKER)
+    """The newest complete checkpoint in the run folder.
+
+    `preferred` (Ray's latest reported checkpoint) is only a hint: a run stopped between
+    writing a marker and reporting to Ray has a newer complete one, and an incomplete one
+    is never returned.
+    """
     candidates = sorted((step_of(n), n) for n in storage.list_dirs() if step_of(n) is not None)
     for _, name in reversed(candidates):
         if is_complete(storage, name):
+            if preferred and preferred.rstrip("/").rsplit("/", 1)[-1] != name:
+                log.info("resuming from %s rather than Ray's latest reported checkpoint %s", name, preferred)
             return name
-        log.warning("skipping incomplete checkpoint %s (no %s)", storage.path(name), MARKER)
+        log.warning("skipping incomplete checkpoint %s (no valid %s)", storage.path(name), MARKER)
     return None
 
 

@@ -62,6 +62,14 @@ class Storage:
         infos = self.fs.get_file_info(pafs.FileSelector(base, recursive=True))
         return sorted(posixpath.relpath(i.path, base) for i in infos if i.type == pafs.FileType.File)
 
+    def file_sizes(self, *parts: str) -> dict[str, int]:
+        """Relative path -> size in bytes of every file below a folder, as the storage lists them now."""
+        if not self.is_dir(*parts):
+            return {}
+        base = self.path(*parts)
+        infos = self.fs.get_file_info(pafs.FileSelector(base, recursive=True))
+        return {posixpath.relpath(i.path, base): i.size for i in infos if i.type == pafs.FileType.File}
+
     def read_bytes(self, *parts: str) -> bytes:
         with self.fs.open_input_stream(self.path(*parts)) as f:
             return f.read()
