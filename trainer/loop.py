@@ -184,9 +184,13 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
             writer.log(last)
         if save_now:
             t_save = time.perf_counter()
-            path = ckpt.save(storage, done, model, optimizer, scheduler,
-                             data.position(done, cfg.global_batch_size),
-                             extra={"data_fingerprint": data.fingerprint, "total_steps": steps})
+            try:
+                path = ckpt.save(storage, done, model, optimizer, scheduler,
+                                 data.position(done, cfg.global_batch_size),
+                                 extra={"data_fingerprint": data.fingerprint, "total_steps": steps})
+            except ckpt.CheckpointError as e:
+                _record_failed_save(writer, storage, metrics_dir, rank0, done, e)
+                raise
             writer.event("checkpoint", step=done, path=path)
             if rank0 and not storage.is_local:
                 _upload_metrics(storage, metrics_dir)
@@ -214,6 +218,20 @@ def _metrics_dir(cfg: TrainConfig, storage: Storage, rank0: bool) -> Path:
             if storage.exists(name):
                 (mirror / name).write_bytes(storage.read_bytes(name))
     return mirror
+
+
+def _record_failed_save(writer: MetricsWriter, storage: Storage, metrics_dir: Path, rank0: bool, step: int,
+                        error: Exception) -> None:
+    """The run's event log names the failed save and why, even when the run then stops."""
+    writer.event("checkpoint_failed", step=step, error=str(error))
+    if not rank0:
+        return
+    log.error("%s", error)
+    if not storage.is_local:
+        try:
+            _upload_metrics(storage, metrics_dir)
+        except Exception as upload_error:  # noqa: BLE001 - the storage may be what is failing
+            log.error("could not upload the event log after the failed save either: %s", upload_error)
 
 
 def _upload_metrics(storage: Storage, folder: Path) -> None:
