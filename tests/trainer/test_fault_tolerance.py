@@ -1,0 +1,206 @@
+"""Fault tolerance on the session's real Ray cluster (2 CPU workers, gloo): a worker process
+SIGKILLed mid-run, the driver stopped and the run resubmitted through `python -m trainer
+submit`, and a checkpoint left without its completion marker. Each run must end with the
+weights of an uninterrupted run, bit for bit (see reference_runs for why torch.equal)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from trainer import checkpoint as ckpt
+from trainer import launch
+from trainer.model import build_model, build_optimizer, build_scheduler
+from trainer.storage import Storage
+
+from . import reference_runs as runs
+from .conftest import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def reference(ray_cluster, trainer_cache, demo_assets) -> Path:
+    return runs.reference_run(demo_assets, trainer_cache)
+
+
+def _alive_train_workers(dashboard_url: str) -> dict[str, int]:
+    """actor id -> pid of the live Ray Train workers of this session's cluster (Ray's state API)."""
+    from ray.util.state import list_actors
+
+    actors = list_actors(address=dashboard_url, raise_on_missing_output=False,
+                         filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")])
+    return {a.actor_id: a.pid for a in actors if a.pid}
+
+
+class WorkerKiller(threading.Thread):
+    """Waits for the run's workers and for `marker`, then SIGKILLs one worker process."""
+
+    def __init__(self, dashboard_url: str, marker: Path, timeout: float = 300):
+        super().__init__(daemon=True)
+        self.dashboard_url, self.marker, self.timeout = dashboard_url, marker, timeout
+        self.ignore = set(_alive_train_workers(dashboard_url))  # none expected: runs do not overlap
+        self.pid: int | None = None
+        self.killed_at: float | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            def new_workers():
+                found = {k: v for k, v in _alive_train_workers(self.dashboard_url).items() if k not in self.ignore}
+                return found if len(found) == 2 else None
+
+            workers = runs.wait_for(new_workers, self.timeout, "the run's 2 RayTrainWorker actors", interval=0.5)
+            runs.wait_for(self.marker.is_file, self.timeout, f"{self.marker}")
+            self.pid = sorted(workers.values())[-1]
+            cmdline = Path(f"/proc/{self.pid}/cmdline").read_bytes().decode(errors="replace")
+            assert "RayTrainWorker" in cmdline, cmdline
+            os.kill(self.pid, signal.SIGKILL)
+            self.killed_at = time.time()
+        except BaseException as e:  # noqa: BLE001 - re-raised by the test
+            self.error = e
+
+
+def _resume_events(run: Path) -> list[dict]:
+    return [e for e in runs.events(run) if e["event"] == "resume"]
+
+
+def test_a_sigkilled_worker_restarts_from_the_last_complete_checkpoint_with_identical_weights(
+        ray_cluster, reference, demo_assets, trainer_cache, tmp_path):
+    # every checkpoint kept (Ray would delete all but the last 2), so their markers tell when each was written
+    cfg = runs.config(demo_assets, trainer_cache, str(tmp_path), "killed", max_failures=1, num_to_keep=10)
+    run = tmp_path / "killed"
+    killer = WorkerKiller(ray_cluster.dashboard_url, run / ckpt.dir_name(runs.EVERY) / ckpt.MARKER)
+    killer.start()
+    result = launch.train(cfg, quiet=True)
+    killer.join(timeout=10)
+    if killer.error:
+        raise killer.error
+    assert result.error is None, result.error
+    with pytest.raises(ProcessLookupError):
+        os.kill(killer.pid, 0)  # the worker really died
+
+    events = runs.events(run)
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "start" and kinds.count("resume") == 1 and kinds[-1] == "export", kinds
+    resume = _resume_events(run)[0]
+    # the newest checkpoint that was complete when the first attempt died: every marker written
+    # before the resume belongs to the first attempt, the later ones to the restarted one
+    markers = {s: json.loads((run / ckpt.dir_name(s) / ckpt.MARKER).read_text())["time"]
+               for s in runs.complete_steps(run)}
+    before = [s for s, t in markers.items() if t < resume["time"]]
+    assert runs.EVERY <= resume["step"] < runs.STEPS, resume  # killed mid-run, after a checkpoint
+    assert resume["step"] == max(before), (resume, markers)
+    assert resume["checkpoint"].endswith(ckpt.dir_name(resume["step"]))
+    after = [e["step"] for e in events[kinds.index("resume"):] if e["event"] == "checkpoint"]
+    assert after == list(range(resume["step"] + runs.EVERY, runs.STEPS + 1, runs.EVERY)), events
+    runs.assert_same_training(run, reference)
+
+
+def _job_status(ray_cluster, run_name: str):
+    from ray.job_submission import JobSubmissionClient
+
+    return JobSubmissionClient(ray_cluster.dashboard_url).get_job_status(run_name)
+
+
+def test_a_stopped_job_resubmitted_under_its_run_name_resumes_and_ends_with_identical_weights(
+        ray_cluster, reference, demo_assets, trainer_cache, tmp_path):
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    name = "driver-loss"
+    cfg = runs.config(demo_assets, trainer_cache, str(tmp_path), name, max_failures=0)
+    run = tmp_path / name
+    submit = [sys.executable, "-m", "trainer", "submit", "--address", ray_cluster.dashboard_url, *runs.cli_flags(cfg)]
+    env = ray_cluster.client_env()
+
+    first = subprocess.run(submit + ["--no-wait"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stdout + first.stderr
+    runs.wait_for((run / ckpt.dir_name(runs.EVERY) / ckpt.MARKER).is_file, 300, "the first checkpoint of the job")
+    # what `python -m trainer stop` calls; in-process, so the stop lands within the run's remaining seconds
+    assert JobSubmissionClient(ray_cluster.dashboard_url).stop_job(name)
+    runs.wait_for(lambda: _job_status(ray_cluster, name) == JobStatus.STOPPED, 60, "the job to be STOPPED")
+    runs.wait_for(lambda: not _alive_train_workers(ray_cluster.dashboard_url), 60,
+                  "the stopped job's workers to exit", interval=0.5)
+    interrupted = runs.events(run)
+    assert "export" not in [e["event"] for e in interrupted], interrupted  # stopped before the end
+    done = runs.complete_steps(run)
+    assert done and max(done) < runs.STEPS, done
+
+    second = subprocess.run(submit, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert f"Run {name} was STOPPED: resubmitting" in second.stdout, second.stdout
+    assert _job_status(ray_cluster, name) == JobStatus.SUCCEEDED
+
+    resumed = runs.events(run)[len(interrupted):]
+    assert resumed[0]["event"] == "resume", resumed
+    assert resumed[0]["step"] == max(done) and resumed[0]["checkpoint"].endswith(ckpt.dir_name(max(done)))
+    assert [e["event"] for e in resumed][-1] == "export"
+    runs.assert_same_training(run, reference)
+
+
+def test_a_checkpoint_without_its_marker_is_never_loaded_and_the_previous_one_is(
+        ray_cluster, reference, demo_assets, trainer_cache, tmp_path):
+    previous, torn = ckpt.dir_name(runs.STEPS - runs.EVERY), ckpt.dir_name(runs.STEPS)
+    run = tmp_path / "torn"
+    for name in (previous, torn):
+        shutil.copytree(reference / name, run / name)
+    # what a crash during the upload of the last checkpoint leaves: part of the files, no marker
+    (run / torn / ckpt.MARKER).unlink()
+    shard = run / torn / "__1_0.distcp"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    (run / torn / "rng" / "rank_1.pt").unlink()
+    assert ckpt.latest_complete(Storage.from_uri(str(run))) == previous
+
+    result = launch.train(runs.config(demo_assets, trainer_cache, str(tmp_path), "torn"), quiet=True)
+    assert result.error is None, result.error
+    events = runs.events(run)
+    assert [e["event"] for e in events] == ["resume", "checkpoint", "export"], events
+    assert events[0]["step"] == runs.STEPS - runs.EVERY and events[0]["checkpoint"].endswith(previous)
+    assert ckpt.is_complete(Storage.from_uri(str(run)), torn)  # saved again, completely, over the leftover
+    runs.assert_same_training(run, reference)
+
+
+@pytest.fixture
+def process_group():
+    """A one-rank gloo group: the same collectives code path as the Ray workers."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_a_marker_is_trusted_only_while_every_file_it_lists_is_there(process_group, demo_assets, tmp_path):
+    model = build_model(demo_assets["model"], device=torch.device("cpu"), use_gpu=False)
+    opt = build_optimizer(model, lr=1e-3, weight_decay=0.0, fused=False)
+    sched = build_scheduler(opt, warmup=0, total=10, schedule="constant", min_ratio=1.0)
+    store = Storage.from_uri(str(tmp_path / "run"))
+    for step in (1, 2):
+        ckpt.save(store, step, model, opt, sched, {"rows_consumed": step})
+    marker = json.loads(store.read_text(ckpt.dir_name(2), ckpt.MARKER))
+    assert {".metadata", ckpt.TRAIN_STATE, "rng/rank_0.pt", "__0_0.distcp"} <= set(marker["files"])
+    assert marker["files"] == {k: v for k, v in store.file_sizes(ckpt.dir_name(2)).items() if k != ckpt.MARKER}
+    assert ckpt.latest_complete(store) == ckpt.dir_name(2)
+    # stopped after writing the marker of step 2 but before reporting it: Ray still names step 1
+    assert ckpt.latest_complete(store, preferred=store.path(ckpt.dir_name(1))) == ckpt.dir_name(2)
+
+    # a deletion cut short (a crash while Ray removed an old checkpoint) leaves the marker behind
+    shard = tmp_path / "run" / ckpt.dir_name(2) / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:100])
+    assert not ckpt.is_complete(store, ckpt.dir_name(2))
+    assert ckpt.latest_complete(store, preferred=store.path(ckpt.dir_name(2))) == ckpt.dir_name(1)
+    shard.unlink()
+    assert ckpt.latest_complete(store) == ckpt.dir_name(1)
+    # and a half-written marker (a crash while writing it on a local disk) is no marker
+    store.write_text('{"step": 1, "fi', ckpt.dir_name(1), ckpt.MARKER)
+    assert ckpt.latest_complete(store) is None
