@@ -246,6 +246,7 @@ def submit(client, *, cfg, pip: list[str], env: dict[str, str]) -> str:
             raise SubmitError(f"run {run_name} is already {previous.value}; follow it with "
                               f"`python -m trainer logs {run_name}` or stop it with `python -m trainer stop {run_name}`")
         print(f"Run {run_name} was {previous.value}: resubmitting; it resumes from its last complete checkpoint.")
+        wait_for_previous_job(client, run_name)
         client.delete_job(run_name)
     with tempfile.TemporaryDirectory(prefix="trainer-job-") as folder:
         working_dir = stage_package(Path(folder))
@@ -257,6 +258,34 @@ def submit(client, *, cfg, pip: list[str], env: dict[str, str]) -> str:
             runtime_env=runtime_env(working_dir, pip, env),
             metadata={"run_name": run_name},
         ) or JobStatus.PENDING.value
+
+
+SUPERVISOR_WAIT_S = 60.0
+MONITOR_GRACE_S = 5.0
+
+
+def wait_for_previous_job(client, run_name: str) -> None:
+    """Let Ray's job manager finish with the previous job of this submission id before reusing it.
+
+    The manager watches each job's supervisor actor once a second until it sees it die. A job
+    submitted under the same id before that is never watched itself, and the stale watcher
+    marks it FAILED ("Job supervisor actor died", the old actor's death) while its entrypoint
+    keeps running unobserved (seen with Ray 2.58 right after a stop). So wait until the old
+    supervisor actor is dead and the watcher has had a few polls to notice.
+    """
+    from ray.dashboard.modules.job.common import JOB_ACTOR_NAME_TEMPLATE
+    from ray.util.state import list_actors
+
+    name = JOB_ACTOR_NAME_TEMPLATE.format(job_id=run_name)
+    deadline = time.monotonic() + SUPERVISOR_WAIT_S
+    while list_actors(address=client.get_address(), raise_on_missing_output=False,
+                      filters=[("name", "=", name), ("state", "!=", "DEAD")]):
+        if time.monotonic() > deadline:
+            raise SubmitError(f"run {run_name} has ended but its job supervisor is still alive after "
+                              f"{SUPERVISOR_WAIT_S:.0f} s; try again shortly, or use another --run-name")
+        time.sleep(0.5)
+    ended_ms = client.get_job_info(run_name).end_time or 0
+    time.sleep(max(0.0, ended_ms / 1000 + MONITOR_GRACE_S - time.time()))
 
 
 AGENT_WAIT_S = 90.0
