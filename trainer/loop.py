@@ -222,16 +222,24 @@ def _metrics_dir(cfg: TrainConfig, storage: Storage, rank0: bool) -> Path:
 
 def _record_failed_save(writer: MetricsWriter, storage: Storage, metrics_dir: Path, rank0: bool, step: int,
                         error: Exception) -> None:
-    """The run's event log names the failed save and why, even when the run then stops."""
+    """The run's event log names the failed save and why, even when the run then stops.
+
+    Every rank waits for rank 0 to store the log: Ray stops the whole worker group as soon
+    as one rank's error reaches it.
+    """
     writer.event("checkpoint_failed", step=step, error=str(error))
-    if not rank0:
-        return
-    log.error("%s", error)
-    if not storage.is_local:
+    if rank0:
+        log.error("%s", error)
+        if not storage.is_local:
+            try:
+                _upload_metrics(storage, metrics_dir)
+            except Exception as upload_error:  # noqa: BLE001 - the storage may be what is failing
+                log.error("could not upload the event log after the failed save either: %s", upload_error)
+    if dist.is_initialized():
         try:
-            _upload_metrics(storage, metrics_dir)
-        except Exception as upload_error:  # noqa: BLE001 - the storage may be what is failing
-            log.error("could not upload the event log after the failed save either: %s", upload_error)
+            dist.barrier()
+        except Exception as barrier_error:  # noqa: BLE001 - the save's error is the one to raise
+            log.warning("ranks did not meet after the failed save: %s", barrier_error)
 
 
 def _upload_metrics(storage: Storage, folder: Path) -> None:
