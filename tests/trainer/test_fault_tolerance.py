@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -52,7 +51,6 @@ class WorkerKiller(threading.Thread):
         self.dashboard_url, self.marker, self.timeout = dashboard_url, marker, timeout
         self.ignore = set(_alive_train_workers(dashboard_url))  # none expected: runs do not overlap
         self.pid: int | None = None
-        self.killed_at: float | None = None
         self.error: BaseException | None = None
 
     def run(self) -> None:
@@ -67,7 +65,6 @@ class WorkerKiller(threading.Thread):
             cmdline = Path(f"/proc/{self.pid}/cmdline").read_bytes().decode(errors="replace")
             assert "RayTrainWorker" in cmdline, cmdline
             os.kill(self.pid, signal.SIGKILL)
-            self.killed_at = time.time()
         except BaseException as e:  # noqa: BLE001 - re-raised by the test
             self.error = e
 
