@@ -167,3 +167,14 @@ def demo_assets(tmp_path_factory):
         "heldout": demo.write_jsonl(eval_rows, root / "heldout.jsonl"),
         "root": root,
     }
+
+
+@pytest.fixture
+def process_group():
+    """A one-rank gloo group: the same collectives code path as the Ray workers."""
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()

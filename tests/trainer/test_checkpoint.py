@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 
 from trainer import checkpoint as ckpt
 from trainer.data import prepare
@@ -17,16 +15,8 @@ from trainer.model import build_model, build_optimizer, build_scheduler, load_to
 from trainer.step import train_step
 from trainer.storage import Storage
 
-from .conftest import free_port
 
 
-@pytest.fixture
-def process_group():
-    """A one-rank gloo group: the same collectives code path as the Ray workers."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def test_storage_round_trips_files_and_lists_folders(tmp_path):

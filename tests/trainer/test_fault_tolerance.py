@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from trainer import checkpoint as ckpt
 from trainer import launch
@@ -24,7 +23,6 @@ from trainer.model import build_model, build_optimizer, build_scheduler
 from trainer.storage import Storage
 
 from . import reference_runs as runs
-from .conftest import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -168,13 +166,6 @@ def test_a_checkpoint_without_its_marker_is_never_loaded_and_the_previous_one_is
     runs.assert_same_training(run, reference)
 
 
-@pytest.fixture
-def process_group():
-    """A one-rank gloo group: the same collectives code path as the Ray workers."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def test_a_marker_is_trusted_only_while_every_file_it_lists_is_there(process_group, demo_assets, tmp_path):

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from trainer.data import prepare
@@ -15,15 +13,8 @@ from trainer.model import (ModelSourceError, build_model, build_optimizer, descr
                            lr_factor, resolve_model_path)
 from trainer.step import train_step
 
-from .conftest import free_port
 
 
-@pytest.fixture
-def process_group():
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def test_sharded_model_loads_the_checkpoint_weights_exactly(process_group, demo_assets):

@@ -9,7 +9,6 @@ error paths as in AWS. Nothing in the trainer is patched.
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
 import threading
@@ -17,7 +16,6 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from trainer import checkpoint as ckpt
 from trainer import launch
@@ -133,13 +131,6 @@ def s3():
     thread.join(timeout=10)
 
 
-@pytest.fixture
-def process_group():
-    """A one-rank gloo group: the same collectives code path as the Ray workers."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def _full(model) -> dict[str, torch.Tensor]:

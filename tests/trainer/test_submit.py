@@ -7,7 +7,6 @@ end, token discovery from the RayCluster's Secret included.
 """
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
