@@ -9,7 +9,9 @@ The first runs, in one process and on the same model shape, global batch and seq
 length: a bf16 matmul to measure the device's peak, transformers' Trainer (bf16=True,
 the baseline), then the trainer's own step (trainer.model + trainer.step, exactly what
 the Ray loop runs). Random init and random tokens: nothing is downloaded. It needs only
-torch and transformers (the Trainer also needs accelerate); Liger is used when installed.
+torch and transformers (the Trainer baseline also needs accelerate, which `pip install
+transformers[torch]` brings; without it that line is an error naming the fix and the
+trainer's own line still runs); Liger is used when installed.
 Imports neither ray nor datasets (the harness imports ray only when it runs).
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import json
 import math
 import os
@@ -40,6 +43,9 @@ SHAPES: dict[str, dict[str, Any]] = {
     "qwen2.5-1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                          num_attention_heads=12, num_key_value_heads=2, max_position_embeddings=32768,
                          tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6),
+    # Matmul-bound like Qwen2.5-1.5B at 2048 (attention ~11% of the FLOPs) yet fast enough for a CPU.
+    "small": dict(vocab_size=8192, hidden_size=512, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=8,
+                  num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True),
     "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=True),
 }
@@ -126,7 +132,7 @@ def split_rows(batch: dict[str, torch.Tensor], size: int) -> list[dict[str, torc
 # ---------------------------------------------------------------- setups
 
 def run_trainer(steps_fn: Callable[[int], list[dict]], *, args, model_dir: Path, rows_per_step: int,
-                tokens_per_step: Callable[[list[dict]], int]) -> dict[str, Any]:
+                tokens_per_step: Callable[[list[dict]], int], attn: str | None = None) -> dict[str, Any]:
     """The trainer's model setup and step, timed after warm-up; returns throughput numbers."""
     from trainer.model import build_model, build_optimizer
     from trainer.step import choose_micro_batch, resolve_loss, train_step
@@ -137,7 +143,7 @@ def run_trainer(steps_fn: Callable[[int], list[dict]], *, args, model_dir: Path,
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh(device.type, (1,), mesh_dim_names=("fsdp",))
-    model = build_model(model_dir, device=device, use_gpu=gpu, mesh=mesh, attn_implementation=args.attn,
+    model = build_model(model_dir, device=device, use_gpu=gpu, mesh=mesh, attn_implementation=attn or args.attn,
                         kernels=args.kernels, compile=args.compile)
     optimizer = build_optimizer(model, lr=1e-5, weight_decay=0.0, fused=gpu)
     loss = resolve_loss(args.loss, device)
@@ -169,6 +175,13 @@ def run_trainer(steps_fn: Callable[[int], list[dict]], *, args, model_dir: Path,
             "micro_batch_fit": fit, "last_loss": round(float(out.loss), 4)}
 
 
+def _useful_rate(result: dict[str, Any]) -> dict[str, Any]:
+    """A run's numbers with its token count and seconds turned into useful (non-padding) tokens/s."""
+    out = dict(result)
+    out["useful_tokens_per_s"] = round(out.pop("tokens") / out.pop("seconds"), 1)
+    return out
+
+
 def _liger_kernels() -> bool:
     from trainer.model import liger_kernels_available
 
@@ -178,6 +191,9 @@ def _liger_kernels() -> bool:
 def run_hf_trainer(config, dataset, *, args, micro_batch: int, grad_accum: int, collator=None,
                    tokens_of: Callable[[dict], int]) -> dict[str, Any]:
     """transformers' Trainer (bf16=True on GPU, fp32 master weights, fused AdamW), timed after warm-up."""
+    if importlib.util.find_spec("accelerate") is None:
+        raise BenchError("transformers' Trainer needs the accelerate package, which is not installed: "
+                         "pip install 'accelerate>=1.1.0' (or run without the baseline: --setups trainer)")
     from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
     from transformers.trainer_callback import PrinterCallback
 
@@ -424,8 +440,9 @@ def padding_main(argv: Sequence[str]) -> int:
                    help="Trainer micro-batches per step (0: as many documents per step as the packed rows hold)")
     p.add_argument("--steps", type=int, default=8 if gpu else 4)
     p.add_argument("--warmup", type=int, default=2 if gpu else 1)
-    p.add_argument("--attn", default="flex_attention" if gpu else "sdpa",
-                   help="trainer attention for packed rows (a document mask from the position ids)")
+    p.add_argument("--attn", default="flex_attention,sdpa" if gpu else "sdpa",
+                   help="trainer attention for packed rows, comma-separated: each is measured (all take the "
+                        "document mask from the position ids; FlexAttention skips the masked-out blocks)")
     p.add_argument("--attn-baseline", default="sdpa")
     p.add_argument("--loss", default="auto")
     p.add_argument("--kernels", default="auto")
@@ -458,41 +475,44 @@ def padding_main(argv: Sequence[str]) -> int:
 
     docs_per_step = args.global_batch_size * stats.documents / stats.rows
     grad_accum = args.hf_grad_accum or max(1, round(docs_per_step / args.hf_micro_batch_size))
-    results = {}
+    common = {"model_shape": args.model_shape, "device": _device_name(), "seq_len": args.seq_len}
     shapes: list[tuple[int, int]] = []  # (padded, real) tokens of every Trainer micro-batch
 
     def real_tokens(b: dict) -> int:
         shapes.append((int(b["input_ids"].numel()), int(b["attention_mask"].sum())))
         return shapes[-1][1]
 
+    padded = None
     try:
         res = run_hf_trainer(config, PaddedDocs(docs), args=args, micro_batch=args.hf_micro_batch_size,
                              grad_accum=grad_accum, collator=pad_to_longest, tokens_of=real_tokens)
-        res["documents_per_step"] = args.hf_micro_batch_size * grad_accum
-        res["padding_fraction"] = round(1 - sum(r for _, r in shapes) / sum(p for p, _ in shapes), 4)
-        results["hf_trainer_padded"] = res
+        padded = emit({"setup": "hf_trainer_padded", **common, **_useful_rate(res),
+                       "documents_per_step": args.hf_micro_batch_size * grad_accum,
+                       "padding_fraction": round(1 - sum(r for _, r in shapes) / sum(p for p, _ in shapes), 4)})
     except Exception as e:  # noqa: BLE001
         emit({"setup": "hf_trainer_padded", "error": f"{type(e).__name__}: {str(e)[:500]}"})
-    try:
-        with tempfile.TemporaryDirectory() as folder:
-            res = run_trainer(step_rows, args=args, model_dir=write_config(args.model_shape, Path(folder)),
-                              rows_per_step=args.global_batch_size,
-                              tokens_per_step=lambda bs: sum(int(b["real_tokens"].sum()) for b in bs))
-        res["documents_per_step"] = round(docs_per_step, 1)
-        results["trainer_packed"] = res
-    except Exception as e:  # noqa: BLE001
-        emit({"setup": "trainer_packed", "error": f"{type(e).__name__}: {str(e)[:500]}"})
-    for name, res in results.items():
-        res["useful_tokens_per_s"] = round(res.pop("tokens") / res.pop("seconds"), 1)
-        emit({"setup": name, "model_shape": args.model_shape, "device": _device_name(), "seq_len": args.seq_len,
-              **({"packing_efficiency": round(stats.real_tokens / (stats.rows * args.seq_len), 4)}
-                 if name == "trainer_packed" else {}), **res})
-    if len(results) == 2:
-        emit({"setup": "summary", "useful_tokens_ratio_packed_vs_padded": round(
-            results["trainer_packed"]["useful_tokens_per_s"] / results["hf_trainer_padded"]["useful_tokens_per_s"], 3)})
+    packed_runs = []
+    attns = args.attn.split(",")
+    for attn in attns:
+        try:
+            with tempfile.TemporaryDirectory() as folder:
+                res = run_trainer(step_rows, args=args, model_dir=write_config(args.model_shape, Path(folder)),
+                                  rows_per_step=args.global_batch_size, attn=attn,
+                                  tokens_per_step=lambda bs: sum(int(b["real_tokens"].sum()) for b in bs))
+            packed_runs.append(emit({
+                "setup": "trainer_packed", **common, "attn": attn, **_useful_rate(res),
+                "packing_efficiency": round(stats.real_tokens / (stats.rows * args.seq_len), 4),
+                "documents_per_step": round(docs_per_step, 1)}))
+        except Exception as e:  # noqa: BLE001 - e.g. FlexAttention failing to compile: the others still run
+            emit({"setup": "trainer_packed", "attn": attn, "error": f"{type(e).__name__}: {str(e)[:500]}"})
+    best = max(packed_runs, key=lambda r: r["useful_tokens_per_s"], default=None)
+    if padded and best:
+        emit({"setup": "summary", "best_packed_attn": best["attn"],
+              "useful_tokens_ratio_packed_vs_padded": round(
+                  best["useful_tokens_per_s"] / padded["useful_tokens_per_s"], 3)})
     if dist.is_initialized():
         dist.destroy_process_group()
-    return 0 if len(results) == 2 else 1
+    return 0 if padded and len(packed_runs) == len(attns) else 1
 
 
 # ---------------------------------------------------------------- communication estimate
