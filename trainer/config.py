@@ -22,6 +22,7 @@ SCHEDULES = ("cosine", "linear", "constant")
 DEVICES = ("cpu", "gpu")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
 SHARDINGS = ("auto", "full", "hybrid")
+AUTO = "auto"
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -42,7 +43,7 @@ class TrainConfig:
     dataset_split: str = "train"
     seq_len: int = 2048
     global_batch_size: int = 64
-    micro_batch_size: int = 1
+    micro_batch_size: int | str = AUTO
     steps: int | None = None
     epochs: int | None = None
     lr: float = 1e-5
@@ -76,9 +77,21 @@ class TrainConfig:
         return self.device == "gpu"
 
     @property
-    def grad_accum_steps(self) -> int:
+    def micro_batch_auto(self) -> bool:
+        """`--micro-batch-size auto`: each worker picks the largest micro-batch that fits (trainer.loop)."""
+        return isinstance(self.micro_batch_size, str) and self.micro_batch_size.strip().lower() == AUTO
+
+    def grad_accum_for(self, micro_batch: int) -> int:
         """Micro-batches per rank per step: keeps the global batch fixed for any worker count."""
-        return self.global_batch_size // (self.num_workers * self.micro_batch_size)
+        return self.global_batch_size // (self.num_workers * micro_batch)
+
+    @property
+    def grad_accum_steps(self) -> int:
+        """grad_accum_for the configured micro-batch; with auto it is known only once the workers measured."""
+        if self.micro_batch_auto:
+            raise ValueError("grad_accum_steps: --micro-batch-size is auto, so the micro-batch is chosen on the "
+                             "workers from free memory; call grad_accum_for(micro_batch) with the chosen size")
+        return self.grad_accum_for(self.micro_batch_size)
 
     @property
     def resolved_run_name(self) -> str:
@@ -103,7 +116,22 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> "TrainConfig":
-        return cls(**dict(values))
+        values = dict(values)
+        if "micro_batch_size" in values:
+            values["micro_batch_size"] = micro_batch_value(values["micro_batch_size"])
+        return cls(**values)
+
+
+def micro_batch_value(value: Any) -> Any:
+    """`auto` in any case, or a whole number from text or YAML; anything else is kept for `validate` to name."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.lower() == AUTO:
+            return AUTO
+        return int(text) if re.fullmatch(r"[+-]?\d+", text) else value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
 
 def _slug(value: str) -> str:
@@ -127,7 +155,9 @@ _FLAG_HELP: dict[str, str] = {
     "dataset_split": "split to use for a hub dataset",
     "seq_len": "packed sequence length in tokens",
     "global_batch_size": "sequences per optimizer step, the same for any number of workers",
-    "micro_batch_size": "sequences per forward/backward pass on one worker",
+    "micro_batch_size": "sequences per forward/backward pass on one worker: a positive integer, or auto for "
+                        "the largest divisor of the worker's share that fits in memory (measured on GPU, "
+                        "estimated on CPU)",
     "steps": "optimizer steps to run (mutually exclusive with --epochs)",
     "epochs": "passes over the packed dataset (default 1 when --steps is not given)",
     "lr": "peak learning rate",
@@ -197,7 +227,9 @@ def add_arguments(parser: argparse.ArgumentParser, defaults: Mapping[str, Any] |
         if kind == "bool":
             parser.add_argument(flag(f.name), action=argparse.BooleanOptionalAction, **kwargs)
             continue
-        if "int" in kind:
+        if f.name == "micro_batch_size":
+            kwargs["type"] = micro_batch_value
+        elif "int" in kind:
             kwargs["type"] = int
         elif "float" in kind:
             kwargs["type"] = float
@@ -228,6 +260,8 @@ def _coerce(name: str, value: Any, problems: list[str], source: str) -> Any:
             return None
         problems.append(f"{source} {name}: must not be empty")
         return None
+    if name == "micro_batch_size":
+        return micro_batch_value(value)
     try:
         if kind == "bool":
             if isinstance(value, bool):
@@ -315,7 +349,7 @@ def validate(cfg: TrainConfig) -> None:
         p.append(f"{flag('model')} (model): required; pass a hub id, a local model folder or an s3:// prefix")
     if not cfg.dataset:
         p.append(f"{flag('dataset')} (dataset): required; pass a hub id, a .jsonl/.parquet file or an s3:// URI")
-    for name in ("seq_len", "global_batch_size", "micro_batch_size", "num_workers", "log_every"):
+    for name in ("seq_len", "global_batch_size", "num_workers", "log_every"):
         if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
             bad(name, "must be at least 1")
     for name in ("warmup_steps", "checkpoint_every", "max_failures", "fail_at_step", "seed"):
@@ -348,8 +382,21 @@ def validate(cfg: TrainConfig) -> None:
         bad("storage_path", "required: a local folder or an s3:// prefix")
     elif "://" in cfg.storage_path and not cfg.storage_path.startswith(("s3://", "file://", "gs://")):
         bad("storage_path", "supported schemes are a local path, s3:// (or gs://, file://)")
-    if min(cfg.global_batch_size, cfg.num_workers, cfg.micro_batch_size) >= 1:
-        per_pass = cfg.num_workers * cfg.micro_batch_size
+    micro = cfg.micro_batch_size
+    micro_ok = cfg.micro_batch_auto or (isinstance(micro, int) and not isinstance(micro, bool) and micro >= 1)
+    if not micro_ok:
+        bad("micro_batch_size", f"must be a positive integer or auto; pass e.g. {flag('micro_batch_size')} 2, "
+                                f"or auto for the largest micro-batch that fits in memory")
+    if cfg.micro_batch_auto and min(cfg.global_batch_size, cfg.num_workers) >= 1:
+        n = cfg.num_workers
+        if cfg.global_batch_size % n:
+            lo = max(n, cfg.global_batch_size // n * n)
+            p.append(
+                f"{flag('global_batch_size')} = {cfg.global_batch_size} is not divisible by {flag('num_workers')} = "
+                f"{n} (with {flag('micro_batch_size')} auto every worker takes an equal share); use a multiple "
+                f"of {n} (e.g. {lo} or {lo + n}) or change the workers")
+    elif micro_ok and min(cfg.global_batch_size, cfg.num_workers) >= 1:
+        per_pass = cfg.num_workers * micro
         if cfg.global_batch_size % per_pass:
             lo = max(per_pass, cfg.global_batch_size // per_pass * per_pass)
             p.append(
