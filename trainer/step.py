@@ -237,14 +237,17 @@ def _probe_peak(model, rows: int, seq_len: int, device: torch.device, impl: str)
 
 
 def choose_micro_batch(model, optimizer: torch.optim.Optimizer, *, rows: int, seq_len: int, device: torch.device,
-                       loss: str = "auto", headroom: float = 0.9) -> dict:
+                       loss: str = "auto", headroom: float = 0.9, ranks_per_host: int = 1) -> dict:
     """The largest micro-batch (a divisor of this rank's rows per step) that fits in free memory.
 
     On a GPU it is measured: one forward/backward of 1 and of 2 sequences gives the fixed
     and the per-sequence peak; optimizer states not created yet (2 fp32 copies of this
     rank's shard for AdamW) are added. On a CPU it is estimated from the model shape and
-    the host's available memory. Every rank takes the smallest answer.
+    the host's available memory, split evenly between the `ranks_per_host` ranks that
+    share it (each GPU has its own memory). Every rank takes the smallest answer.
     """
+    if ranks_per_host < 1:
+        raise ValueError(f"ranks_per_host = {ranks_per_host}: must be at least 1 (the ranks sharing this host)")
     impl = resolve_loss(loss, device)
     local_params = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.parameters())
     states = 0 if optimizer.state else 8 * local_params
@@ -257,11 +260,11 @@ def choose_micro_batch(model, optimizer: torch.optim.Optimizer, *, rows: int, se
         source = "measured"
     else:
         per_row = activation_bytes_per_row(model.config, seq_len)
-        fixed, budget, source = 0.0, _available_host_bytes() * headroom, "estimated"
+        fixed, budget, source = 0.0, _available_host_bytes() * headroom / ranks_per_host, "estimated"
     chosen = fit_micro_batch(rows, fixed_bytes=fixed + states, per_row_bytes=per_row, budget_bytes=budget)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         t = torch.tensor([chosen], device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
         chosen = int(t.item())
     return {"micro_batch_size": chosen, "per_row_gib": per_row / 2**30, "fixed_gib": (fixed + states) / 2**30,
-            "budget_gib": budget / 2**30, "source": source}
+            "budget_gib": budget / 2**30, "source": source, "ranks_per_host": ranks_per_host}
