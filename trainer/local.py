@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Sequence
 
 from trainer import demo
-from trainer.config import ConfigError, TrainConfig, split_out, validate
+from trainer.config import ConfigError, TrainConfig, micro_batch_value, split_out, validate
 
 DEFAULTS = dict(workers=2, steps=400, seed=0, global_batch_size=32, log_every=20, checkpoint_every=200,
                 max_failures=1, lr=3e-3, seq_len=128)
@@ -29,7 +29,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=DEFAULTS["seed"], help="seed for data, init and order")
     p.add_argument("--global-batch-size", type=int, default=DEFAULTS["global_batch_size"],
                    help="packed sequences per step, whatever the number of workers")
-    p.add_argument("--micro-batch-size", type=int, default=None, help="sequences per forward pass (default: auto)")
+    p.add_argument("--micro-batch-size", type=micro_batch_value, default=None,
+                   help="sequences per forward pass: a positive integer, or auto for the largest that fits in "
+                        "memory (default: each worker's share per step, at most 16)")
     p.add_argument("--seq-len", type=int, default=DEFAULTS["seq_len"], help="packed sequence length")
     p.add_argument("--lr", type=float, default=DEFAULTS["lr"], help="peak learning rate")
     p.add_argument("--log-every", type=int, default=DEFAULTS["log_every"], help="log metrics every N steps")
@@ -44,8 +46,9 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _micro_batch(global_batch: int, workers: int, requested: int | None) -> int:
-    if requested:
+def _micro_batch(global_batch: int, workers: int, requested: int | str | None) -> int | str:
+    """The demo's default needs no memory estimate: the tiny model fits any share, 16 rows at most."""
+    if requested is not None:
         return requested
     per_rank = max(1, global_batch // max(1, workers))
     return max(d for d in range(1, min(16, per_rank) + 1) if per_rank % d == 0)

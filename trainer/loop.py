@@ -1,6 +1,6 @@
 """The per-worker training function that Ray Train runs on every rank.
 
-    setup: device + mesh -> model (sharded) -> optimizer/schedule -> data -> resume
+    setup: device + mesh -> model (sharded) -> optimizer/schedule -> micro-batch size -> resume
     loop:  data -> step -> metrics every log_every -> checkpoint every checkpoint_every
     end:   final checkpoint -> Hugging Face export
 
@@ -26,10 +26,12 @@ from trainer.config import TrainConfig, total_steps
 from trainer.data import PackedData, prepare
 from trainer.metrics import EVENTS_FILE, METRICS_FILE, TENSORBOARD_DIR, IntervalTracker, MetricsWriter
 from trainer.model import build_model, build_optimizer, build_scheduler, load_tokenizer, resolve_model_path
-from trainer.step import train_step
+from trainer.step import choose_micro_batch, train_step
 from trainer.storage import Storage
 
 log = logging.getLogger("trainer")
+
+LOSS = "auto"  # train_step's loss, also the one the micro-batch probe runs (they must use the same memory)
 
 
 class InjectedFailure(RuntimeError):
@@ -43,6 +45,7 @@ class WorkerEnv:
     local_rank: int
     device: torch.device
     mesh: Any
+    local_world_size: int = 1  # ranks on this rank's host (they share its memory)
 
 
 def setup_parallel(cfg: TrainConfig, rank: int, world_size: int, local_rank: int,
@@ -75,14 +78,18 @@ def setup_parallel(cfg: TrainConfig, rank: int, world_size: int, local_rank: int
             params = flops_lib.parameter_count(read_model_config(cfg.model))
         except Exception:  # noqa: BLE001 - the estimate is then per 1B parameters
             pass
+    # With --micro-batch-size auto the micro-batch is chosen only after the model is sharded, so the
+    # estimate counts 1 micro-batch per step: the fewest, i.e. the least full-sharding traffic (hybrid
+    # is then taken only where it wins even so).
+    micro_batches = 1 if cfg.micro_batch_auto else cfg.grad_accum_steps
     plan = plan_sharding(cfg.sharding, world_size, hosts, shard_size=cfg.shard_size,
-                         instance_type=cfg.instance_type, micro_batches=cfg.grad_accum_steps, params=params,
+                         instance_type=cfg.instance_type, micro_batches=micro_batches, params=params,
                          param_bytes=2 if cfg.use_gpu else 4)
     mesh = init_device_mesh(device.type, plan.mesh_shape, mesh_dim_names=plan.mesh_dim_names)
     if rank == 0:
         log.info("sharding: %s, mesh %s over %d node(s) (%s)", plan.kind,
                  " x ".join(f"{n}={k}" for n, k in zip(plan.mesh_dim_names, plan.mesh_shape)), plan.nodes, plan.reason)
-    return WorkerEnv(rank, world_size, local_rank, device, mesh)
+    return WorkerEnv(rank, world_size, local_rank, device, mesh, local_world_size=hosts.count(hosts[rank]))
 
 
 def transport_check(cfg: TrainConfig, env: WorkerEnv) -> None:
@@ -134,6 +141,8 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
     optimizer = build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=cfg.use_gpu)
     scheduler = build_scheduler(optimizer, warmup=cfg.warmup_steps, total=steps,
                                 schedule=cfg.schedule, min_ratio=cfg.min_lr_ratio)
+    fit = resolve_micro_batch(cfg, model, optimizer, env)  # before resume: the optimizer holds no state yet
+    micro = fit["micro_batch_size"]
 
     # -- resume
     start = 0
@@ -156,22 +165,23 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
     fpt = flops_lib.flops_per_token(model.config, cfg.seq_len)
     tracker = IntervalTracker(env.device, fpt, flops_lib.device_peak_flops(cfg.peak_tflops), env.world_size)
     writer.event("resume" if resume_from else "start", step=start, world_size=env.world_size,
-                 checkpoint=storage.path(resume_from) if resume_from else None, total_steps=steps)
+                 checkpoint=storage.path(resume_from) if resume_from else None, total_steps=steps,
+                 micro_batch_size=micro, grad_accum_steps=cfg.grad_accum_for(micro), micro_batch=fit)
     if rank0:
         log.info("training %s for %d steps (start %d): %d workers x %d micro-batches x %d sequences of %d tokens",
-                 cfg.model, steps, start, env.world_size, cfg.grad_accum_steps, cfg.micro_batch_size, cfg.seq_len)
+                 cfg.model, steps, start, env.world_size, cfg.grad_accum_for(micro), micro, cfg.seq_len)
 
     last: dict = {}
     for step in range(start, steps):
         t0 = time.perf_counter()
         batches = data.micro_batches(step, rank=env.rank, world_size=env.world_size,
-                                     global_batch=cfg.global_batch_size, micro_batch=cfg.micro_batch_size,
-                                     seed=cfg.seed)
+                                     global_batch=cfg.global_batch_size, micro_batch=micro, seed=cfg.seed)
         data_wait = time.perf_counter() - t0
         if cfg.fail_at_step and step + 1 == cfg.fail_at_step and not resume_from:
             raise InjectedFailure(f"--fail-at-step {cfg.fail_at_step}: injected failure (testing aid)")
 
-        out = train_step(model, optimizer, scheduler, batches, device=env.device, grad_clip=cfg.grad_clip)
+        out = train_step(model, optimizer, scheduler, batches, device=env.device, grad_clip=cfg.grad_clip,
+                         loss=LOSS)
         done = step + 1
         if step == start:
             transport_check(cfg, env)
@@ -205,6 +215,26 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
     if rank0 and not storage.is_local:
         _upload_metrics(storage, metrics_dir)
     return last
+
+
+def resolve_micro_batch(cfg: TrainConfig, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                        env: WorkerEnv) -> dict:
+    """The micro-batch this run uses and how it was found (recorded in the start/resume event).
+
+    `auto`: the largest divisor of this rank's rows per step that fits, measured on a GPU and
+    estimated on a CPU from the host memory shared by this host's ranks; every rank calls it
+    (the probes and the minimum across ranks are collectives).
+    """
+    if not cfg.micro_batch_auto:
+        return {"micro_batch_size": int(cfg.micro_batch_size), "source": "configured"}
+    fit = choose_micro_batch(model, optimizer, rows=cfg.global_batch_size // env.world_size, seq_len=cfg.seq_len,
+                             device=env.device, loss=LOSS, ranks_per_host=env.local_world_size)
+    fit = {k: round(v, 6) if isinstance(v, float) else v for k, v in fit.items()}
+    if env.rank == 0:
+        log.info("micro-batch: %d sequences (auto, %s: %.4f GiB per sequence + %.4f GiB fixed, budget %.2f GiB "
+                 "per rank, %d rank(s) on this host)", fit["micro_batch_size"], fit["source"], fit["per_row_gib"],
+                 fit["fixed_gib"], fit["budget_gib"], fit["ranks_per_host"])
+    return fit
 
 
 def _metrics_dir(cfg: TrainConfig, storage: Storage, rank0: bool) -> Path:
