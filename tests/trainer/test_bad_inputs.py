@@ -25,8 +25,15 @@ CASES = {
     "sequence length above the model's maximum": (lambda i: ["--seq-len", "4096"],
                                                   ["--seq-len = 4096", "max_position_embeddings = 512"]),
     "global batch not divisible by workers x micro-batch": (
-        lambda i: ["--global-batch-size", "10", "--num-workers", "4"],
+        lambda i: ["--global-batch-size", "10", "--num-workers", "4", "--micro-batch-size", "1"],
         ["--global-batch-size = 10", "--num-workers", "--micro-batch-size", "multiple of 4"]),
+    "global batch not divisible by workers with the automatic micro-batch": (
+        lambda i: ["--global-batch-size", "10", "--num-workers", "4"],
+        ["--global-batch-size = 10 is not divisible by --num-workers = 4", "--micro-batch-size auto",
+         "multiple of 4 (e.g. 8 or 12)"]),
+    "micro-batch size neither a positive integer nor auto": (
+        lambda i: ["--micro-batch-size", "big"],
+        ["--micro-batch-size (micro_batch_size) = 'big'", "must be a positive integer or auto"]),
     "unknown model path": (lambda i: ["--model", str(i["tmp"] / "no-such-model")],
                            ["--model", "no-such-model", "does not exist"]),
 }
@@ -60,4 +67,6 @@ def test_local_demo_rejects_bad_flags_before_writing(tmp_path, capsys):
     out = tmp_path / "demo"
     assert local.main(["--workers", "2", "--global-batch-size", "7", "--out", str(out)]) == 2
     assert "--global-batch-size = 7" in capsys.readouterr().err
+    assert local.main(["--workers", "2", "--micro-batch-size", "0", "--out", str(out)]) == 2
+    assert "--micro-batch-size (micro_batch_size) = 0: must be a positive integer or auto" in capsys.readouterr().err
     assert not out.exists()

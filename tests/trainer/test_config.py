@@ -105,3 +105,59 @@ def test_sharding_flags_are_validated_with_the_fix():
     assert "must divide --num-workers = 4" in msg and "instance_type" in msg and "g6.12xlarge" in msg
     with pytest.raises(ConfigError, match="sharding.*must be one of auto, full, hybrid"):
         validate(TrainConfig(model="m", dataset="d", sharding="zero3"))
+
+
+def test_micro_batch_size_is_auto_by_default_and_auto_or_an_integer_from_flags_yaml_and_job_yaml(tmp_path):
+    import yaml
+
+    cfg = parse(BASE + ["--global-batch-size", "64", "--num-workers", "2"])
+    assert cfg.micro_batch_size == "auto" and cfg.micro_batch_auto
+    assert cfg.grad_accum_for(4) == 8  # 64 / (2 workers x 4)
+    with pytest.raises(ValueError, match="auto.*grad_accum_for"):
+        cfg.grad_accum_steps  # noqa: B018 - unknown until the workers chose
+    assert parse(BASE + ["--micro-batch-size", "AUTO"]).micro_batch_auto
+    assert parse(BASE + ["--micro-batch-size", "4"]).micro_batch_size == 4
+    f = tmp_path / "job.yaml"
+    f.write_text("model: m\ndataset: d.jsonl\nmicro_batch_size: Auto\n")
+    assert parse(["--config", str(f)]).micro_batch_auto
+    f.write_text("model: m\ndataset: d.jsonl\nmicro-batch-size: 8\n")
+    assert parse(["--config", str(f)]).micro_batch_size == 8
+    assert parse(["--config", str(f), "--micro-batch-size", "auto"]).micro_batch_auto  # the flag wins
+    for given in (cfg, parse(BASE + ["--micro-batch-size", "2"])):  # what `trainer submit` ships as job.yaml
+        f.write_text(yaml.safe_dump(given.to_dict(), sort_keys=False))
+        assert parse(["--config", str(f)]) == given == TrainConfig.from_dict(yaml.safe_load(f.read_text()))
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "big", "2.5", "true"])
+def test_a_bad_micro_batch_size_flag_names_the_flag_and_the_fix(value):
+    with pytest.raises(ConfigError) as e:
+        parse(BASE + ["--micro-batch-size", value])
+    assert e.value.problems == [
+        f"--micro-batch-size (micro_batch_size) = {int(value) if value.lstrip('-').isdigit() else value!r}: must be "
+        "a positive integer or auto; pass e.g. --micro-batch-size 2, or auto for the largest micro-batch that fits "
+        "in memory"]
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "big", "2.5", "true", "[2]"])
+def test_a_bad_micro_batch_size_yaml_value_names_the_key_and_the_fix(value, tmp_path):
+    f = tmp_path / "job.yaml"
+    f.write_text(f"model: m\ndataset: d.jsonl\nmicro_batch_size: {value}\n")
+    with pytest.raises(ConfigError) as e:
+        parse(["--config", str(f)])
+    (problem,) = e.value.problems
+    assert problem.startswith("--micro-batch-size (micro_batch_size) = ")
+    assert "must be a positive integer or auto" in problem
+
+
+def test_auto_needs_only_the_global_batch_divisible_by_the_workers():
+    ok = validate(TrainConfig(model="m", dataset="d", global_batch_size=12, num_workers=4))  # 3 rows each
+    assert ok is None
+    with pytest.raises(ConfigError, match="--global-batch-size = 12 is not divisible by --num-workers x "
+                                          "--micro-batch-size = 4 x 2 = 8"):
+        validate(TrainConfig(model="m", dataset="d", global_batch_size=12, num_workers=4, micro_batch_size=2))
+    with pytest.raises(ConfigError) as e:
+        validate(TrainConfig(model="m", dataset="d", global_batch_size=10, num_workers=4, micro_batch_size="auto"))
+    (problem,) = e.value.problems
+    assert problem.startswith("--global-batch-size = 10 is not divisible by --num-workers = 4 (with "
+                              "--micro-batch-size auto")
+    assert "use a multiple of 4 (e.g. 8 or 12)" in problem

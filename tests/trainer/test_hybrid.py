@@ -79,6 +79,35 @@ def test_the_fallback_network_table_is_the_catalog():
         flops.instance_network("g9.huge")
 
 
+# ---------------------------------------------------------------- ranks sharing a host
+
+def test_ranks_sharing_a_host_split_its_memory_for_the_automatic_micro_batch(monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    from trainer import demo, step
+
+    model = AutoModelForCausalLM.from_config(demo.model_config())
+    opt = torch.optim.AdamW(model.parameters())
+    cpu = torch.device("cpu")
+
+    def choose(host_bytes: float, ranks: int) -> dict:
+        monkeypatch.setattr(step, "_available_host_bytes", lambda: host_bytes)
+        return step.choose_micro_batch(model, opt, rows=8, seq_len=128, device=cpu, ranks_per_host=ranks)
+
+    plenty = choose(2.0**40, 1)
+    per_row, fixed = plenty["per_row_gib"] * 2**30, plenty["fixed_gib"] * 2**30
+    assert plenty["micro_batch_size"] == 8 and per_row > 0 and fixed > 0  # AdamW states not created yet
+    host = (fixed + 8 * per_row) * 1.001 / 0.9  # just enough for 8 sequences on one rank
+    alone, shared = choose(host, 1), choose(host, 2)
+    assert alone["micro_batch_size"] == 8 and alone["ranks_per_host"] == 1
+    assert shared["budget_gib"] == pytest.approx(alone["budget_gib"] / 2)
+    expected = max(d for d in (1, 2, 4) if fixed + d * per_row <= host * 0.9 / 2)
+    assert shared["micro_batch_size"] == expected < 8, (shared, expected)
+    assert choose(host, 4)["micro_batch_size"] <= expected
+    with pytest.raises(ValueError, match="ranks_per_host = 0"):
+        choose(host, 0)
+
+
 # ---------------------------------------------------------------- 4 Ray workers, 2-D mesh
 
 STEPS = 4

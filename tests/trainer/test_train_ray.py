@@ -18,8 +18,9 @@ from trainer.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 10
-# Small, fast and identical for every run below; 2 micro-batches per rank with 2 workers, 4 with 1.
-COMMON = ["--steps", str(STEPS), "--seed", "0", "--global-batch-size", "8", "--micro-batch-size", "2",
+# Small, fast and identical for every run below. The micro-batch is the trainer's default, auto: the
+# tiny model needs about 4 MiB per sequence, so each worker takes its whole share (4 rows with 2 workers).
+COMMON = ["--steps", str(STEPS), "--seed", "0", "--global-batch-size", "8", "--micro-batch-size", "auto",
           "--seq-len", "128", "--log-every", "1", "--checkpoint-every", "5"]
 
 
@@ -71,15 +72,24 @@ def test_local_demo_trains_checkpoints_exports_and_reports(demo_run):
         assert (out / name / "rng" / "rank_1.pt").is_file()
         state = json.loads((out / name / ckpt.TRAIN_STATE).read_text())
         assert state["data_position"]["rows_consumed"] == 8 * state["step"]
-    assert [e["event"] for e in _events(out)] == ["start", "checkpoint", "checkpoint", "export"]
+    events = _events(out)
+    assert [e["event"] for e in events] == ["start", "checkpoint", "checkpoint", "export"]
+    start = events[0]
+    assert (start["micro_batch_size"], start["grad_accum_steps"]) == (4, 1)
+    fit = start["micro_batch"]  # estimated on CPU, the host's memory split between its 2 ranks
+    assert (fit["micro_batch_size"], fit["source"], fit["ranks_per_host"]) == (4, "estimated", 2)
+    assert fit["fixed_gib"] + 4 * fit["per_row_gib"] <= fit["budget_gib"]
+    assert "micro-batch: 4 sequences (auto, estimated" in stdout  # rank 0's log line
 
 
 def test_one_worker_matches_two_workers_for_the_same_global_batch(demo_run, trainer_cache, tmp_path):
     out2, _ = demo_run
     out1 = tmp_path / "one-worker"
-    cfg = _config(out1, workers=1)
+    # 4 micro-batches of 2 on one worker against one automatic micro-batch of 4 on each of two
+    cfg = dataclasses.replace(_config(out1, workers=1), micro_batch_size=2)
     assert cfg.grad_accum_steps == 4
     launch.train(cfg)
+    assert _events(out1)[0]["micro_batch"] == {"micro_batch_size": 2, "source": "configured"}
     one, two = _losses(out1), _losses(out2)
     rel = [abs(a - b) / abs(b) for a, b in zip(one, two)]
     assert max(rel) < 1e-3, list(zip(one, two))
@@ -95,6 +105,7 @@ def test_a_failed_worker_group_resumes_from_the_last_checkpoint_with_the_same_lo
     events = _events(out)
     assert [e["event"] for e in events][:3] == ["start", "checkpoint", "resume"]
     assert events[2]["step"] == 5 and events[2]["checkpoint"].endswith("checkpoint_00000005")
+    assert events[0]["micro_batch_size"] == events[2]["micro_batch_size"] == 4  # chosen again on the restart
     resumed, reference = _losses(out), _losses(out2)
     assert max(abs(a - b) / abs(b) for a, b in zip(resumed, reference)) < 1e-4, list(zip(resumed, reference))
 
