@@ -1,10 +1,10 @@
 """Hybrid sharding: the plan (nodes from hostnames, the communication estimate that picks the
-default) and a 2-D (replicate, shard) mesh training on 4 Ray workers with the same losses."""
+default), the host memory ranks on one node share for the automatic micro-batch, and a 2-D
+(replicate, shard) mesh training on 4 Ray workers with the same losses."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
 import torch
@@ -123,8 +123,9 @@ def _reference_losses(cfg) -> list[float]:
     from trainer.model import build_model, build_optimizer, build_scheduler, load_tokenizer
     from trainer.step import train_step
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    # The address goes in init_method, not MASTER_PORT: a port left in os.environ is inherited by later
+    # subprocesses (trainer.bench keeps an inherited MASTER_PORT), long after it was freed and reused.
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
         cpu = torch.device("cpu")
         data = prepare(cfg.dataset, "train", load_tokenizer(cfg.model), cfg.seq_len, cfg.resolved_cache_dir)
