@@ -108,10 +108,10 @@ def _peak_memory_gib() -> tuple[float, str]:
 
 
 def _ensure_process_group() -> None:
+    """A one-rank group on a fresh port (never an inherited MASTER_PORT, which may be taken)."""
     if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
-        dist.init_process_group("nccl" if _gpu() else "gloo", rank=0, world_size=1)
+        dist.init_process_group("nccl" if _gpu() else "gloo", init_method=f"tcp://127.0.0.1:{_free_port()}",
+                                rank=0, world_size=1)
 
 
 def random_rows(vocab: int, rows: int, seq_len: int, seed: int = 0) -> dict[str, torch.Tensor]:

@@ -124,7 +124,7 @@ def _reference_losses(cfg) -> list[float]:
     from trainer.step import train_step
 
     # The address goes in init_method, not MASTER_PORT: a port left in os.environ is inherited by later
-    # subprocesses (trainer.bench keeps an inherited MASTER_PORT), long after it was freed and reused.
+    # subprocesses, long after it was freed and reused.
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
         cpu = torch.device("cpu")
