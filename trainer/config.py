@@ -175,7 +175,8 @@ _FLAG_HELP: dict[str, str] = {
     "run_name": "run name (folder under --storage-path); resubmitting the same name resumes",
     "num_workers": "number of training workers (one per GPU, or CPU processes)",
     "device": "train on GPUs with NCCL or CPUs with gloo",
-    "activation_checkpointing": "recompute decoder-layer activations in backward to save memory",
+    "activation_checkpointing": "recompute decoder-layer activations in backward to save memory (with "
+                                "--micro-batch-size auto it is turned on by itself when not one sequence fits)",
     "attn_implementation": "transformers attention implementation (must honour packed position ids)",
     "cache_dir": "per-node cache for downloaded models and tokenized data (default ~/.cache/trainer)",
     "peak_tflops": "device peak dense TFLOP/s for MFU (default: looked up from the device name)",

@@ -25,7 +25,8 @@ from trainer import flops as flops_lib
 from trainer.config import TrainConfig, total_steps
 from trainer.data import PackedData, prepare
 from trainer.metrics import EVENTS_FILE, METRICS_FILE, TENSORBOARD_DIR, IntervalTracker, MetricsWriter
-from trainer.model import build_model, build_optimizer, build_scheduler, load_tokenizer, resolve_model_path
+from trainer.model import (build_model, build_optimizer, build_scheduler, enable_activation_checkpointing,
+                           load_tokenizer, resolve_model_path)
 from trainer.step import choose_micro_batch, train_step
 from trainer.storage import Storage
 
@@ -223,17 +224,34 @@ def resolve_micro_batch(cfg: TrainConfig, model: torch.nn.Module, optimizer: tor
 
     `auto`: the largest divisor of this rank's rows per step that fits, measured on a GPU and
     estimated on a CPU from the host memory shared by this host's ranks; every rank calls it
-    (the probes and the minimum across ranks are collectives).
+    (the probes and the minimum across ranks are collectives). When not even one sequence
+    fits, activation checkpointing is turned on (memory forces it) and the fit found again.
     """
     if not cfg.micro_batch_auto:
         return {"micro_batch_size": int(cfg.micro_batch_size), "source": "configured"}
-    fit = choose_micro_batch(model, optimizer, rows=cfg.global_batch_size // env.world_size, seq_len=cfg.seq_len,
-                             device=env.device, loss=LOSS, ranks_per_host=env.local_world_size)
-    fit = {k: round(v, 6) if isinstance(v, float) else v for k, v in fit.items()}
+
+    def choose() -> dict:
+        fit = choose_micro_batch(model, optimizer, rows=cfg.global_batch_size // env.world_size,
+                                 seq_len=cfg.seq_len, device=env.device, loss=LOSS,
+                                 ranks_per_host=env.local_world_size)
+        return {k: round(v, 6) if isinstance(v, float) else v for k, v in fit.items()}
+
+    fit = choose()
+    if not fit["fits"] and not fit["activation_checkpointing"]:
+        needed = fit["fixed_gib"] + fit["per_row_gib"]
+        enable_activation_checkpointing(model)
+        fit = {**choose(), "activation_checkpointing_reason":
+               f"one sequence needs {needed:.2f} GiB without it, the budget is {fit['budget_gib']:.2f} GiB"}
+        if env.rank == 0:
+            log.warning("activation checkpointing turned on: %s", fit["activation_checkpointing_reason"])
     if env.rank == 0:
         log.info("micro-batch: %d sequences (auto, %s: %.4f GiB per sequence + %.4f GiB fixed, budget %.2f GiB "
                  "per rank, %d rank(s) on this host)", fit["micro_batch_size"], fit["source"], fit["per_row_gib"],
                  fit["fixed_gib"], fit["budget_gib"], fit["ranks_per_host"])
+        if not fit["fits"]:
+            log.warning("one sequence of %d tokens may not fit even with activation checkpointing (%.2f GiB "
+                        "needed, %.2f GiB budget): lower --seq-len, or add workers to shard the model further",
+                        cfg.seq_len, fit["fixed_gib"] + fit["per_row_gib"], fit["budget_gib"])
     return fit
 
 

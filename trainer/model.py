@@ -221,6 +221,15 @@ def apply_liger_kernels(model: nn.Module) -> bool:
     return any(m.__dict__.get("forward") is not before.get(name) for name, m in model.named_modules())
 
 
+def enable_activation_checkpointing(model: nn.Module) -> None:
+    """Recompute each decoder layer in backward instead of keeping its activations.
+
+    transformers' per-layer flag, read at call time, so it can also be turned on after
+    sharding (when the micro-batch probe finds that memory forces it).
+    """
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def compile_layers(model: nn.Module) -> None:
     """torch.compile each decoder layer's forward, leaving FSDP2's hooks (on the module call) eager.
 
@@ -275,7 +284,7 @@ def build_model(
             log.warning("Liger kernels not applied (%s: %s); using transformers' modules", type(e).__name__, e)
             model = on_meta()
     if activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model)
     if compile:
         compile_layers(model)
     shard_model(model, mixed_precision(use_gpu), mesh=mesh)

@@ -208,12 +208,17 @@ def _available_host_bytes() -> float:
     return 8 * 2**30
 
 
-def activation_bytes_per_row(config, seq_len: int, dtype_bytes: int = 4) -> float:
-    """Rough activation memory one sequence keeps for backward (CPU, where nothing can be measured)."""
+def activation_bytes_per_row(config, seq_len: int, dtype_bytes: int = 4, checkpointed: bool = False) -> float:
+    """Rough activation memory one sequence keeps for backward (CPU, where nothing can be measured).
+
+    With activation checkpointing only each layer's input is kept, plus one layer's
+    activations while it is recomputed.
+    """
     d, ff, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
     heads = config.num_attention_heads
     per_token_layer = 16 * d + 4 * ff + heads * seq_len  # projections, norms, MLP, attention probabilities
-    return float(seq_len * layers * per_token_layer * dtype_bytes)
+    per_token = layers * d + per_token_layer if checkpointed else layers * per_token_layer
+    return float(seq_len * per_token * dtype_bytes)
 
 
 def _probe_peak(model, rows: int, seq_len: int, device: torch.device, impl: str) -> float:
@@ -244,11 +249,13 @@ def choose_micro_batch(model, optimizer: torch.optim.Optimizer, *, rows: int, se
     and the per-sequence peak; optimizer states not created yet (2 fp32 copies of this
     rank's shard for AdamW) are added. On a CPU it is estimated from the model shape and
     the host's available memory, split evenly between the `ranks_per_host` ranks that
-    share it (each GPU has its own memory). Every rank takes the smallest answer.
+    share it (each GPU has its own memory). Every rank takes the smallest answer; `fits`
+    is false when not even one sequence fits.
     """
     if ranks_per_host < 1:
         raise ValueError(f"ranks_per_host = {ranks_per_host}: must be at least 1 (the ranks sharing this host)")
     impl = resolve_loss(loss, device)
+    checkpointed = bool(getattr(model, "is_gradient_checkpointing", False))
     local_params = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.parameters())
     states = 0 if optimizer.state else 8 * local_params
     if device.type == "cuda":
@@ -259,12 +266,14 @@ def choose_micro_batch(model, optimizer: torch.optim.Optimizer, *, rows: int, se
         budget = (free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)) * headroom
         source = "measured"
     else:
-        per_row = activation_bytes_per_row(model.config, seq_len)
+        per_row = activation_bytes_per_row(model.config, seq_len, checkpointed=checkpointed)
         fixed, budget, source = 0.0, _available_host_bytes() * headroom / ranks_per_host, "estimated"
     chosen = fit_micro_batch(rows, fixed_bytes=fixed + states, per_row_bytes=per_row, budget_bytes=budget)
+    fits = fixed + states + per_row <= budget
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        t = torch.tensor([chosen], device=device)
+        t = torch.tensor([chosen, int(fits)], device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
-        chosen = int(t.item())
-    return {"micro_batch_size": chosen, "per_row_gib": per_row / 2**30, "fixed_gib": (fixed + states) / 2**30,
+        chosen, fits = int(t[0].item()), bool(t[1].item())
+    return {"micro_batch_size": chosen, "fits": fits, "activation_checkpointing": checkpointed,
+            "per_row_gib": per_row / 2**30, "fixed_gib": (fixed + states) / 2**30,
             "budget_gib": budget / 2**30, "source": source, "ranks_per_host": ranks_per_host}

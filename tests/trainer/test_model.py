@@ -50,6 +50,43 @@ def test_activation_checkpointing_changes_memory_not_numbers(process_group, demo
     assert results[0] == pytest.approx(results[1], rel=1e-5)
 
 
+def test_memory_forces_activation_checkpointing_only_when_one_sequence_does_not_fit(process_group, demo_assets,
+                                                                                   tmp_path, monkeypatch):
+    from trainer import step
+    from trainer.config import TrainConfig
+    from trainer.loop import WorkerEnv, resolve_micro_batch
+
+    cpu = torch.device("cpu")
+    data = prepare(str(demo_assets["train"]), "train", load_tokenizer(demo_assets["model"]), 128, tmp_path / "cache")
+    cfg = TrainConfig(model="m", dataset="d", seq_len=128, global_batch_size=4, num_workers=1)
+    assert cfg.micro_batch_auto
+    env = WorkerEnv(rank=0, world_size=1, local_rank=0, device=cpu, mesh=None)
+    models, fits = [], []
+    for host_bytes in ("plenty", "tight"):
+        model = build_model(demo_assets["model"], device=cpu, use_gpu=False)
+        opt = build_optimizer(model, lr=1e-3, weight_decay=0.0, fused=False)
+        if host_bytes == "plenty":
+            monkeypatch.setattr(step, "_available_host_bytes", lambda: 2.0**40)
+        else:  # room for one sequence with checkpointing, not without
+            full = step.activation_bytes_per_row(model.config, 128)
+            kept = step.activation_bytes_per_row(model.config, 128, checkpointed=True)
+            assert kept < full
+            fixed = fits[0]["fixed_gib"] * 2**30
+            monkeypatch.setattr(step, "_available_host_bytes", lambda: (fixed + (full + kept) / 2) / 0.9)
+        fits.append(resolve_micro_batch(cfg, model, opt, env))
+        outs = [train_step(model, opt, None, data.micro_batches(s, rank=0, world_size=1, global_batch=4,
+                                                                 micro_batch=fits[-1]["micro_batch_size"], seed=0),
+                           device=cpu) for s in range(2)]
+        models.append((model, [v for o in outs for v in (float(o.loss), float(o.grad_norm))]))
+    roomy, tight = fits
+    assert roomy["micro_batch_size"] == 4 and roomy["fits"] and not roomy["activation_checkpointing"]
+    assert not models[0][0].is_gradient_checkpointing
+    assert tight["micro_batch_size"] == 1 and tight["fits"] and tight["activation_checkpointing"]
+    assert "one sequence needs" in tight["activation_checkpointing_reason"] and models[1][0].is_gradient_checkpointing
+    # turned on after sharding, it changes memory, not the numbers (micro-batch 4 vs 4 x 1 included)
+    assert models[0][1] == pytest.approx(models[1][1], rel=1e-5)
+
+
 def test_a_folder_without_weights_gets_a_random_init(process_group, demo_assets, tmp_path):
     folder = tmp_path / "config-only"
     folder.mkdir()
