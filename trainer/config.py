@@ -388,22 +388,17 @@ def validate(cfg: TrainConfig) -> None:
     if not micro_ok:
         bad("micro_batch_size", f"must be a positive integer or auto; pass e.g. {flag('micro_batch_size')} 2, "
                                 f"or auto for the largest micro-batch that fits in memory")
-    if cfg.micro_batch_auto and min(cfg.global_batch_size, cfg.num_workers) >= 1:
-        n = cfg.num_workers
-        if cfg.global_batch_size % n:
-            lo = max(n, cfg.global_batch_size // n * n)
-            p.append(
-                f"{flag('global_batch_size')} = {cfg.global_batch_size} is not divisible by {flag('num_workers')} = "
-                f"{n} (with {flag('micro_batch_size')} auto every worker takes an equal share); use a multiple "
-                f"of {n} (e.g. {lo} or {lo + n}) or change the workers")
-    elif micro_ok and min(cfg.global_batch_size, cfg.num_workers) >= 1:
-        per_pass = cfg.num_workers * micro
+    if micro_ok and min(cfg.global_batch_size, cfg.num_workers) >= 1:
+        auto = cfg.micro_batch_auto
+        per_pass = cfg.num_workers * (1 if auto else micro)
         if cfg.global_batch_size % per_pass:
             lo = max(per_pass, cfg.global_batch_size // per_pass * per_pass)
-            p.append(
-                f"{flag('global_batch_size')} = {cfg.global_batch_size} is not divisible by "
-                f"{flag('num_workers')} x {flag('micro_batch_size')} = {cfg.num_workers} x {cfg.micro_batch_size} "
-                f"= {per_pass}; use a multiple of {per_pass} (e.g. {lo} or {lo + per_pass}) or change the workers/micro-batch")
+            divisor = (f"{flag('num_workers')} = {per_pass} (with {flag('micro_batch_size')} auto every worker takes "
+                       f"an equal share)" if auto else
+                       f"{flag('num_workers')} x {flag('micro_batch_size')} = {cfg.num_workers} x {micro} = {per_pass}")
+            p.append(f"{flag('global_batch_size')} = {cfg.global_batch_size} is not divisible by {divisor}; use a "
+                     f"multiple of {per_pass} (e.g. {lo} or {lo + per_pass}) or change the workers"
+                     f"{'' if auto else '/micro-batch'}")
     if cfg.shard_size < 0:
         bad("shard_size", "must be 0 (the workers of one node) or positive")
     elif cfg.shard_size and cfg.sharding == "full":
