@@ -119,8 +119,14 @@ def transport_check(cfg: TrainConfig, env: WorkerEnv) -> None:
 
 def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
         latest_checkpoint: str | None = None,
-        reporter: Callable[[dict, str | None], None] | None = None) -> dict:
-    """Train to the configured number of steps; returns the last logged metrics."""
+        reporter: Callable[[dict, str | None], None] | None = None,
+        preemption: Callable[[], Any] | None = None) -> dict:
+    """Train to the configured number of steps; returns the last logged metrics.
+
+    `preemption` (ray.train.get_preemption_info under Ray) is asked at every logging step,
+    on every rank (it is a barrier); once it reports a node about to be reclaimed, a
+    checkpoint is saved right away, so the restart loses at most those steps.
+    """
     rank0 = env.rank == 0
     cache_dir = cfg.resolved_cache_dir
     torch.manual_seed(cfg.seed)
@@ -173,6 +179,7 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
                  cfg.model, steps, start, env.world_size, cfg.grad_accum_for(micro), micro, cfg.seq_len)
 
     last: dict = {}
+    saved_for_preemption = False
     for step in range(start, steps):
         t0 = time.perf_counter()
         batches = data.micro_batches(step, rank=env.rank, world_size=env.world_size,
@@ -193,6 +200,11 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
         if log_now:
             last = {**tracker.summarize(done), "epoch": data.position(done, cfg.global_batch_size)["epoch"]}
             writer.log(last)
+        if log_now and preemption and not (save_now or saved_for_preemption):
+            notice = preemption()
+            if notice is not None:
+                save_now = saved_for_preemption = True
+                _record_preemption_notice(writer, rank0, done, notice)
         if save_now:
             t_save = time.perf_counter()
             try:
@@ -253,6 +265,15 @@ def resolve_micro_batch(cfg: TrainConfig, model: torch.nn.Module, optimizer: tor
                         "needed, %.2f GiB budget): lower --seq-len, or add workers to shard the model further",
                         cfg.seq_len, fit["fixed_gib"] + fit["per_row_gib"], fit["budget_gib"])
     return fit
+
+
+def _record_preemption_notice(writer: MetricsWriter, rank0: bool, step: int, notice: Any) -> None:
+    ranks = list(getattr(notice, "preempted_ranks", []))
+    deadline_ms = getattr(notice, "deadline_ms", None)
+    writer.event("preemption_notice", step=step, ranks=ranks, deadline_ms=deadline_ms)
+    if rank0:
+        left = f", {deadline_ms / 1000 - time.time():.0f} s left" if deadline_ms else ""
+        log.warning("node(s) of rank(s) %s about to be reclaimed%s: saving a checkpoint at step %d", ranks, left, step)
 
 
 def _metrics_dir(cfg: TrainConfig, storage: Storage, rank0: bool) -> Path:
@@ -332,6 +353,7 @@ def train_func(config: dict) -> None:
     def reporter(metrics: dict, checkpoint_path: str | None) -> None:
         ckpt.report_to_ray(metrics, checkpoint_path, storage)
 
-    run(cfg, env, storage, latest_checkpoint=latest.path if latest else None, reporter=reporter)
+    run(cfg, env, storage, latest_checkpoint=latest.path if latest else None, reporter=reporter,
+        preemption=ray.train.get_preemption_info)
     if dist.is_initialized():
         dist.barrier()
