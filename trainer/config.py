@@ -375,6 +375,9 @@ def validate(cfg: TrainConfig) -> None:
     for name, choices in _CHOICES.items():
         if getattr(cfg, name) not in choices:
             bad(name, f"must be one of {', '.join(choices)}")
+    if cfg.attn_implementation == "flex_attention" and not cfg.use_gpu:
+        bad("attn_implementation", "FlexAttention has no backward pass on CPU; use sdpa with --device cpu "
+                                   "(it masks packed documents too)")
     if cfg.peak_tflops is not None and cfg.peak_tflops <= 0:
         bad("peak_tflops", "must be positive")
     if cfg.run_name is not None and not _RUN_NAME.match(cfg.run_name):

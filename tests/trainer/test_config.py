@@ -107,6 +107,14 @@ def test_sharding_flags_are_validated_with_the_fix():
         validate(TrainConfig(model="m", dataset="d", sharding="zero3"))
 
 
+def test_flex_attention_is_refused_on_cpu_where_it_cannot_train():
+    assert parse(BASE + ["--device", "gpu", "--attn-implementation", "flex_attention"]).attn_implementation == \
+        "flex_attention"
+    with pytest.raises(ConfigError, match=r"--attn-implementation \(attn_implementation\) = 'flex_attention': "
+                                          r"FlexAttention has no backward pass on CPU; use sdpa"):
+        parse(BASE + ["--device", "cpu", "--attn-implementation", "flex_attention"])
+
+
 def test_micro_batch_size_is_auto_by_default_and_auto_or_an_integer_from_flags_yaml_and_job_yaml(tmp_path):
     import yaml
 
