@@ -77,6 +77,14 @@ class RayCluster:
         return {**os.environ, **self.env}
 
 
+def _reload_ray_auth() -> None:
+    """Ray caches the auth mode and token the first time it reads them: a test module that imports
+    ray at collection, before this fixture sets them, would leave this process with no token."""
+    import ray._private.authentication_test_utils as ray_auth
+
+    ray_auth.reset_auth_token_state()
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     temp_dir = tempfile.mkdtemp(prefix="rt-", dir="/tmp")  # short: Ray's socket paths have a length limit
@@ -98,6 +106,7 @@ def ray_cluster():
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     saved = {k: os.environ.get(k) for k in auth}
     os.environ.update(auth)
+    _reload_ray_auth()
     cluster = RayCluster(f"127.0.0.1:{port}", f"http://127.0.0.1:{dash_port}", token, temp_dir, auth)
     try:
         import ray
@@ -139,6 +148,7 @@ def ray_cluster():
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        _reload_ray_auth()
 
 
 @pytest.fixture(scope="session")
