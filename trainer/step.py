@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Mapping
+from typing import Callable, Iterable, Iterator, Mapping
 
 import torch
 import torch.distributed as dist
@@ -241,12 +241,36 @@ def _probe_peak(model, rows: int, seq_len: int, device: torch.device, impl: str)
     return float(peak)
 
 
+def measure_row_memory(probe: Callable[[int], float], *, budget: float, states: float,
+                       agree: Callable[[bool], bool] = lambda ok: ok) -> tuple[float, float]:
+    """(fixed, per-sequence) bytes from probe passes of 1 and, when it is safe, 2 sequences.
+
+    The 2-sequence pass runs only when the first says it fits with room to spare, on every
+    rank (`agree`: the passes are collectives, so all ranks must run the same ones); a long
+    sequence on a small GPU would otherwise run out of memory in the probe itself. Without
+    it the whole 1-sequence peak counts per sequence: an overestimate, so the choice stays safe.
+    """
+    one = probe(1)
+    if agree(2 * one + states <= budget):
+        two = probe(2)
+        return max(2 * one - two, 0.0), max(two - one, 1.0)
+    return 0.0, max(one, 1.0)
+
+
+def _on_every_rank(ok: bool, device: torch.device) -> bool:
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        t = torch.tensor([int(ok)], device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return bool(t.item())
+    return ok
+
+
 def choose_micro_batch(model, optimizer: torch.optim.Optimizer, *, rows: int, seq_len: int, device: torch.device,
                        loss: str = "auto", headroom: float = 0.9, ranks_per_host: int = 1) -> dict:
     """The largest micro-batch (a divisor of this rank's rows per step) that fits in free memory.
 
     On a GPU it is measured: one forward/backward of 1 and of 2 sequences gives the fixed
-    and the per-sequence peak; optimizer states not created yet (2 fp32 copies of this
+    and the per-sequence peak (measure_row_memory); optimizer states not created yet (2 fp32 copies of this
     rank's shard for AdamW) are added. On a CPU it is estimated from the model shape and
     the host's available memory, split evenly between the `ranks_per_host` ranks that
     share it (each GPU has its own memory). Every rank takes the smallest answer; `fits`
@@ -259,11 +283,17 @@ def choose_micro_batch(model, optimizer: torch.optim.Optimizer, *, rows: int, se
     local_params = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.parameters())
     states = 0 if optimizer.state else 8 * local_params
     if device.type == "cuda":
-        one = _probe_peak(model, 1, seq_len, device, impl)
-        two = _probe_peak(model, 2, seq_len, device, impl)
-        per_row, fixed = max(two - one, 1.0), max(2 * one - two, 0.0)
         free, _ = torch.cuda.mem_get_info(device)
         budget = (free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)) * headroom
+        try:
+            fixed, per_row = measure_row_memory(lambda n: _probe_peak(model, n, seq_len, device, impl),
+                                                budget=budget, states=states,
+                                                agree=lambda ok: _on_every_rank(ok, device))
+        except torch.cuda.OutOfMemoryError as e:
+            raise MemoryError(
+                f"one sequence of {seq_len} tokens does not fit in GPU memory for a forward/backward pass "
+                f"(activation checkpointing {'on' if checkpointed else 'off'}): pass --activation-checkpointing, "
+                f"lower --seq-len, or add workers to shard the model further") from e
         source = "measured"
     else:
         per_row = activation_bytes_per_row(model.config, seq_len, checkpointed=checkpointed)

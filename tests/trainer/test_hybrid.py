@@ -167,3 +167,20 @@ def test_hybrid_2x2_mesh_on_4_ray_workers_trains_like_one_process(ray_cluster, t
     meta = dcp.FileSystemReader(str(out / f"checkpoint_{STEPS:08d}")).read_metadata().state_dict_metadata
     key = next(k for k in meta if k.startswith("model.") and k.endswith("layers.0.mlp.up_proj.weight"))
     assert len(meta[key].chunks) == 2, meta[key].chunks
+
+
+def test_the_two_sequence_probe_runs_only_when_it_is_safe_on_every_rank():
+    from trainer.step import measure_row_memory
+
+    calls = []
+
+    def probe(n: int) -> float:  # peak memory of a forward/backward of n sequences: 3 GB + 4 GB each
+        calls.append(n)
+        return 3e9 + n * 4e9
+
+    assert measure_row_memory(probe, budget=40e9, states=1e9) == (3e9, 4e9) and calls == [1, 2]
+    calls.clear()  # two sequences would need 14 GB + states: not probed, the whole 7 GB counts per sequence
+    assert measure_row_memory(probe, budget=12e9, states=1e9) == (0.0, 7e9) and calls == [1]
+    calls.clear()  # roomy here, but another rank is tight: every rank skips the second pass together
+    assert measure_row_memory(probe, budget=40e9, states=1e9, agree=lambda ok: False) == (0.0, 7e9)
+    assert calls == [1]
