@@ -9,6 +9,7 @@ the model and prints where everything is.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -147,6 +148,9 @@ def main(argv: Sequence[str]) -> int:
         ctx = ray.init(address=args.address, logging_level="WARNING")
         where = f"the Ray cluster at {args.address}"
     else:
+        # One CPU node cannot be preempted: Ray Train's preemption watcher would only print an
+        # internal error-level line (its actor's restart policy) into the demo's output.
+        os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
         # The dashboard serves the State API that Ray Train's placement-group cleaner polls.
         ctx = ray.init(num_cpus=max(2, args.workers), include_dashboard=True, logging_level="WARNING")
         where = "a local Ray cluster"
