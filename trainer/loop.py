@@ -268,8 +268,8 @@ def resolve_micro_batch(cfg: TrainConfig, model: torch.nn.Module, optimizer: tor
 
 
 def _record_preemption_notice(writer: MetricsWriter, rank0: bool, step: int, notice: Any) -> None:
-    ranks = list(getattr(notice, "preempted_ranks", []))
-    deadline_ms = getattr(notice, "deadline_ms", None)
+    """`notice`: a ray.train.PreemptionInfo."""
+    ranks, deadline_ms = notice.preempted_ranks, notice.deadline_ms
     writer.event("preemption_notice", step=step, ranks=ranks, deadline_ms=deadline_ms)
     if rank0:
         left = f", {deadline_ms / 1000 - time.time():.0f} s left" if deadline_ms else ""

@@ -257,12 +257,13 @@ def measure_row_memory(probe: Callable[[int], float], *, budget: float, states: 
     return 0.0, max(one, 1.0)
 
 
-def _on_every_rank(ok: bool, device: torch.device) -> bool:
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        t = torch.tensor([int(ok)], device=device)
+def _min_over_ranks(values: list[int], device: torch.device) -> list[int]:
+    """Each value's minimum over all ranks (a collective when there are several)."""
+    if _world_size() > 1:
+        t = torch.tensor(values, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MIN)
-        return bool(t.item())
-    return ok
+        return [int(v) for v in t.tolist()]
+    return values
 
 
 def choose_micro_batch(model, optimizer: torch.optim.Optimizer, *, rows: int, seq_len: int, device: torch.device,
@@ -288,7 +289,7 @@ def choose_micro_batch(model, optimizer: torch.optim.Optimizer, *, rows: int, se
         try:
             fixed, per_row = measure_row_memory(lambda n: _probe_peak(model, n, seq_len, device, impl),
                                                 budget=budget, states=states,
-                                                agree=lambda ok: _on_every_rank(ok, device))
+                                                agree=lambda ok: bool(_min_over_ranks([int(ok)], device)[0]))
         except torch.cuda.OutOfMemoryError as e:
             raise MemoryError(
                 f"one sequence of {seq_len} tokens does not fit in GPU memory for a forward/backward pass "
@@ -299,11 +300,7 @@ def choose_micro_batch(model, optimizer: torch.optim.Optimizer, *, rows: int, se
         per_row = activation_bytes_per_row(model.config, seq_len, checkpointed=checkpointed)
         fixed, budget, source = 0.0, _available_host_bytes() * headroom / ranks_per_host, "estimated"
     chosen = fit_micro_batch(rows, fixed_bytes=fixed + states, per_row_bytes=per_row, budget_bytes=budget)
-    fits = fixed + states + per_row <= budget
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        t = torch.tensor([chosen, int(fits)], device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN)
-        chosen, fits = int(t[0].item()), bool(t[1].item())
-    return {"micro_batch_size": chosen, "fits": fits, "activation_checkpointing": checkpointed,
+    chosen, fits = _min_over_ranks([chosen, int(fixed + states + per_row <= budget)], device)
+    return {"micro_batch_size": chosen, "fits": bool(fits), "activation_checkpointing": checkpointed,
             "per_row_gib": per_row / 2**30, "fixed_gib": (fixed + states) / 2**30,
             "budget_gib": budget / 2**30, "source": source, "ranks_per_host": ranks_per_host}

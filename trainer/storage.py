@@ -56,11 +56,7 @@ class Storage:
 
     def list_files(self, *parts: str) -> list[str]:
         """Relative paths of all files below a folder."""
-        if not self.is_dir(*parts):
-            return []
-        base = self.path(*parts)
-        infos = self.fs.get_file_info(pafs.FileSelector(base, recursive=True))
-        return sorted(posixpath.relpath(i.path, base) for i in infos if i.type == pafs.FileType.File)
+        return sorted(self.file_sizes(*parts))
 
     def file_sizes(self, *parts: str) -> dict[str, int]:
         """Relative path -> size in bytes of every file below a folder, as the storage lists them now."""
