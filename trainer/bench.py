@@ -23,7 +23,6 @@ import importlib.util
 import json
 import math
 import os
-import resource
 import socket
 import subprocess
 import sys
@@ -80,6 +79,11 @@ def emit(record: dict[str, Any], out: Any = None) -> dict[str, Any]:
     return record
 
 
+def emit_error(setup: str, error: Exception, **fields: Any) -> dict[str, Any]:
+    """The line of a setup that failed: the others still run."""
+    return emit({"setup": setup, **fields, "error": f"{type(error).__name__}: {str(error)[:500]}"})
+
+
 def model_config(shape: str):
     from transformers import Qwen2Config
 
@@ -102,9 +106,9 @@ def _reset_memory() -> None:
 
 
 def _peak_memory_gib() -> tuple[float, str]:
-    if _gpu():
-        return torch.cuda.max_memory_allocated() / 2**30, "cuda_max_allocated"
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, "host_max_rss_process"
+    from trainer.metrics import peak_memory_gb
+
+    return peak_memory_gb(_device()), "cuda_max_allocated" if _gpu() else "host_max_rss_process"
 
 
 def _ensure_process_group() -> None:
@@ -131,9 +135,9 @@ def split_rows(batch: dict[str, torch.Tensor], size: int) -> list[dict[str, torc
 
 # ---------------------------------------------------------------- setups
 
-def run_trainer(steps_fn: Callable[[int], list[dict]], *, args, model_dir: Path, rows_per_step: int,
+def run_trainer(steps_fn: Callable[[int], list[dict]], *, args, rows_per_step: int,
                 tokens_per_step: Callable[[list[dict]], int], attn: str | None = None) -> dict[str, Any]:
-    """The trainer's model setup and step, timed after warm-up; returns throughput numbers."""
+    """The trainer's model setup (random init of --model-shape) and step, timed after warm-up."""
     from trainer.model import build_model, build_optimizer
     from trainer.step import choose_micro_batch, resolve_loss, train_step
 
@@ -143,8 +147,9 @@ def run_trainer(steps_fn: Callable[[int], list[dict]], *, args, model_dir: Path,
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh(device.type, (1,), mesh_dim_names=("fsdp",))
-    model = build_model(model_dir, device=device, use_gpu=gpu, mesh=mesh, attn_implementation=attn or args.attn,
-                        kernels=args.kernels, compile=args.compile)
+    with tempfile.TemporaryDirectory() as folder:
+        model = build_model(write_config(args.model_shape, Path(folder)), device=device, use_gpu=gpu, mesh=mesh,
+                            attn_implementation=attn or args.attn, kernels=args.kernels, compile=args.compile)
     optimizer = build_optimizer(model, lr=1e-5, weight_decay=0.0, fused=gpu)
     loss = resolve_loss(args.loss, device)
     if args.micro_batch_size == "auto":
@@ -351,14 +356,11 @@ def throughput_main(argv: Sequence[str]) -> int:
                                      tokens_of=lambda b: int(b["input_ids"].numel()))
             else:
                 batch = random_rows(config.vocab_size, args.global_batch_size, args.seq_len)
-                with tempfile.TemporaryDirectory() as folder:
-                    res = run_trainer(lambda step: [batch], args=args,
-                                      model_dir=write_config(args.model_shape, Path(folder)),
-                                      rows_per_step=args.global_batch_size,
-                                      tokens_per_step=lambda bs: sum(int(b["input_ids"].numel()) for b in bs))
+                res = run_trainer(lambda step: [batch], args=args, rows_per_step=args.global_batch_size,
+                                  tokens_per_step=lambda bs: sum(int(b["input_ids"].numel()) for b in bs))
             results[setup] = emit(_record(setup, res, args=args, fpt=fpt, peak=peak, datasheet=datasheet))
         except Exception as e:  # noqa: BLE001 - report and keep the other setups going
-            emit({"setup": setup, "error": f"{type(e).__name__}: {str(e)[:500]}"})
+            emit_error(setup, e)
     if "hf_trainer" in results and "trainer" in results:
         emit({"setup": "summary", "speedup_vs_hf_trainer":
               round(results["trainer"]["tokens_per_s"] / results["hf_trainer"]["tokens_per_s"], 3),
@@ -490,21 +492,19 @@ def padding_main(argv: Sequence[str]) -> int:
                        "documents_per_step": args.hf_micro_batch_size * grad_accum,
                        "padding_fraction": round(1 - sum(r for _, r in shapes) / sum(p for p, _ in shapes), 4)})
     except Exception as e:  # noqa: BLE001
-        emit({"setup": "hf_trainer_padded", "error": f"{type(e).__name__}: {str(e)[:500]}"})
+        emit_error("hf_trainer_padded", e)
     packed_runs = []
     attns = args.attn.split(",")
     for attn in attns:
         try:
-            with tempfile.TemporaryDirectory() as folder:
-                res = run_trainer(step_rows, args=args, model_dir=write_config(args.model_shape, Path(folder)),
-                                  rows_per_step=args.global_batch_size, attn=attn,
-                                  tokens_per_step=lambda bs: sum(int(b["real_tokens"].sum()) for b in bs))
+            res = run_trainer(step_rows, args=args, rows_per_step=args.global_batch_size, attn=attn,
+                              tokens_per_step=lambda bs: sum(int(b["real_tokens"].sum()) for b in bs))
             packed_runs.append(emit({
                 "setup": "trainer_packed", **common, "attn": attn, **_useful_rate(res),
                 "packing_efficiency": round(stats.real_tokens / (stats.rows * args.seq_len), 4),
                 "documents_per_step": round(docs_per_step, 1)}))
         except Exception as e:  # noqa: BLE001 - e.g. FlexAttention failing to compile: the others still run
-            emit({"setup": "trainer_packed", "attn": attn, "error": f"{type(e).__name__}: {str(e)[:500]}"})
+            emit_error("trainer_packed", e, attn=attn)
     best = max(packed_runs, key=lambda r: r["useful_tokens_per_s"], default=None)
     if padded and best:
         emit({"setup": "summary", "best_packed_attn": best["attn"],
