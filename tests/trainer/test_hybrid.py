@@ -184,3 +184,28 @@ def test_the_two_sequence_probe_runs_only_when_it_is_safe_on_every_rank():
     calls.clear()  # roomy here, but another rank is tight: every rank skips the second pass together
     assert measure_row_memory(probe, budget=40e9, states=1e9, agree=lambda ok: False) == (0.0, 7e9)
     assert calls == [1]
+
+
+def test_running_out_of_gpu_memory_in_the_probe_names_the_fixes(monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    from trainer import demo, step
+
+    model = AutoModelForCausalLM.from_config(demo.model_config())
+    opt = torch.optim.AdamW(model.parameters())
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    # The CUDA calls a GPU would answer; the probe pass itself runs out of memory.
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (20 * 2**30, 24 * 2**30))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 0)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)
+    monkeypatch.setattr(step, "_probe_peak", out_of_memory)
+    with pytest.raises(MemoryError) as e:
+        step.choose_micro_batch(model, opt, rows=8, seq_len=8192, device=torch.device("cuda", 0), loss="chunked")
+    msg = str(e.value)
+    assert "one sequence of 8192 tokens does not fit in GPU memory" in msg
+    assert "(activation checkpointing off)" in msg
+    assert "--activation-checkpointing" in msg and "lower --seq-len" in msg and "add workers" in msg
+    assert isinstance(e.value.__cause__, torch.cuda.OutOfMemoryError)
