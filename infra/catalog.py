@@ -8,6 +8,8 @@ GPU family is a one-line configuration change.
 Prices are on-demand Linux prices per hour in us-east-1 as listed on the EC2
 pricing page (https://aws.amazon.com/ec2/pricing/on-demand/); they drift, so they
 are estimates, not bills. P-series prices are after AWS's June 2025 price cut.
+A price with no public us-east-1 listing says so in `price_note`. GPU memory is
+what EC2 reports (DescribeInstanceTypes GpuInfo, MiB), not the datasheet's GB.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ class GpuInstanceType:
     name: str
     gpus: int
     gpu_model: str
-    gpu_memory_gib: int
+    gpu_memory_mib: int  # per GPU, as EC2 reports it
     gpu_bf16_tflops: float  # dense, per GPU, datasheet
     vcpus: int
     memory_gib: int
@@ -39,10 +41,15 @@ class GpuInstanceType:
     hugepages_2mi: str | None
     price_per_hour: float
     sources: tuple[str, ...]
+    price_note: str | None = None  # set when the price is an estimate rather than a published list price
 
     @property
     def efa(self) -> bool:
         return self.efa_interfaces > 0
+
+    @property
+    def gpu_memory_gib(self) -> float:
+        return round(self.gpu_memory_mib / 1024, 2)
 
 
 @dataclass(frozen=True)
@@ -54,12 +61,12 @@ class CpuInstanceType:
     sources: tuple[str, ...] = (EC2_DOCS, PRICING)
 
 
-def _gpu(name, gpus, model, mem, tflops, vcpus, ram, efa, rdma, nvlink, gbps, price, extra=()):
+def _gpu(name, gpus, model, mem_mib, tflops, vcpus, ram, efa, rdma, nvlink, gbps, price, extra=(), price_note=None):
     return GpuInstanceType(
-        name=name, gpus=gpus, gpu_model=model, gpu_memory_gib=mem, gpu_bf16_tflops=tflops,
+        name=name, gpus=gpus, gpu_model=model, gpu_memory_mib=mem_mib, gpu_bf16_tflops=tflops,
         vcpus=vcpus, memory_gib=ram, efa_interfaces=efa, gpudirect_rdma=rdma, nvlink=nvlink,
         network_gbps=gbps, hugepages_2mi=EFA_HUGEPAGES_2MI if efa else None,
-        price_per_hour=price, sources=(EC2_DOCS, EFA_DOCS, PRICING, HUGEPAGES_DOCS, *extra),
+        price_per_hour=price, sources=(EC2_DOCS, EFA_DOCS, PRICING, HUGEPAGES_DOCS, *extra), price_note=price_note,
     )
 
 
@@ -70,13 +77,15 @@ H100 = ("https://www.nvidia.com/en-us/data-center/h100/ (989 TFLOP/s dense bf16,
 H200 = ("https://www.nvidia.com/en-us/data-center/h200/ (989 TFLOP/s dense bf16)",)
 
 GPU_TYPES: dict[str, GpuInstanceType] = {t.name: t for t in (
-    _gpu("g6.12xlarge", 4, "NVIDIA L4", 24, 121.0, 48, 192, 1, False, False, 40, 4.6016, L4),
-    _gpu("g6.48xlarge", 8, "NVIDIA L4", 24, 121.0, 192, 768, 1, False, False, 100, 13.3504, L4),
-    _gpu("g6e.12xlarge", 4, "NVIDIA L40S", 48, 362.0, 48, 384, 1, False, False, 100, 10.4926, L40S),
-    _gpu("g6e.48xlarge", 8, "NVIDIA L40S", 48, 362.0, 192, 1536, 4, False, False, 400, 30.1308, L40S),
-    _gpu("p4d.24xlarge", 8, "NVIDIA A100", 40, 312.0, 96, 1152, 4, True, True, 400, 21.9576, A100),
-    _gpu("p5.48xlarge", 8, "NVIDIA H100", 80, 989.0, 192, 2048, 32, True, True, 3200, 55.04, H100),
-    _gpu("p5e.48xlarge", 8, "NVIDIA H200", 141, 989.0, 192, 2048, 32, True, True, 3200, 63.296, H200),
+    _gpu("g6.12xlarge", 4, "NVIDIA L4", 22888, 121.0, 48, 192, 1, False, False, 40, 4.6016, L4),
+    _gpu("g6.48xlarge", 8, "NVIDIA L4", 22888, 121.0, 192, 768, 1, False, False, 100, 13.3504, L4),
+    _gpu("g6e.12xlarge", 4, "NVIDIA L40S", 45776, 362.0, 48, 384, 1, False, False, 100, 10.4926, L40S),
+    _gpu("g6e.48xlarge", 8, "NVIDIA L40S", 45776, 362.0, 192, 1536, 4, False, False, 400, 30.1308, L40S),
+    _gpu("p4d.24xlarge", 8, "NVIDIA A100", 40960, 312.0, 96, 1152, 4, True, True, 400, 21.9576, A100),
+    _gpu("p5.48xlarge", 8, "NVIDIA H100", 81920, 989.0, 192, 2048, 32, True, True, 3200, 55.04, H100),
+    _gpu("p5e.48xlarge", 8, "NVIDIA H200", 144384, 989.0, 192, 2048, 32, True, True, 3200, 63.296, H200,
+         price_note="estimate: AWS publishes no us-east-1 On-Demand price for p5e.48xlarge (it is sold through "
+                    "Capacity Blocks); this is p5en.48xlarge's list price"),
 )}
 
 # GPU types that exist but have no EFA: named so the error can say why they are refused.
@@ -96,10 +105,19 @@ CPU_TYPES: dict[str, CpuInstanceType] = {t.name: t for t in (
     CpuInstanceType("m5.2xlarge", 8, 32, 0.384),
 )}
 
-EKS_CONTROL_PLANE_PER_HOUR = 0.10  # standard support; extended support is 0.60
-NAT_GATEWAY_PER_HOUR = 0.045  # plus 0.045 per GB processed, not estimated here
+HOURS_PER_MONTH = 730  # AWS's own convention for monthly prices
+EKS_CONTROL_PLANE_PER_HOUR = 0.10  # standard support; extended support is 0.60 (https://aws.amazon.com/eks/pricing/)
+NAT_GATEWAY_PER_HOUR = 0.045  # https://aws.amazon.com/vpc/pricing/ (NAT gateway, us-east-1)
+PUBLIC_IPV4_PER_HOUR = 0.005  # https://aws.amazon.com/vpc/pricing/ (public IPv4 address, in use)
+GP3_PER_GB_MONTH = 0.08  # https://aws.amazon.com/ebs/pricing/ (gp3 storage, us-east-1; baseline IOPS and throughput free)
+# Billed by use, so not in the hourly total; the plan lists them.
+NAT_GATEWAY_PER_GB = 0.045  # https://aws.amazon.com/vpc/pricing/ (data processed; S3 goes through the free gateway endpoint)
+LOG_INGESTION_PER_GB = 0.50  # https://aws.amazon.com/cloudwatch/pricing/ (standard logs ingested, us-east-1)
+LOG_STORAGE_PER_GB_MONTH = 0.03  # https://aws.amazon.com/cloudwatch/pricing/ (archived logs)
 PRICE_SOURCES = (
     "https://aws.amazon.com/eks/pricing/",
     "https://aws.amazon.com/vpc/pricing/",
+    "https://aws.amazon.com/ebs/pricing/",
+    "https://aws.amazon.com/cloudwatch/pricing/",
     PRICING,
 )

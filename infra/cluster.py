@@ -47,6 +47,11 @@ class EksCluster(pulumi.ComponentResource):
         attachments = [aws.iam.RolePolicyAttachment(f"{name}-cluster-{i}", role=role.name, policy_arn=arn, opts=child)
                        for i, arn in enumerate(iam.EKS_CLUSTER_POLICIES)]
 
+        # EKS would create /aws/eks/<name>/cluster itself, with no retention and outliving `destroy`;
+        # created here first, the program owns it.
+        self.log_group = aws.cloudwatch.LogGroup(
+            f"{name}-logs", name=f"/aws/eks/{cfg.cluster_name}/cluster",
+            retention_in_days=cfg.control_plane_log_retention_days, tags=tags, opts=child)
         self.cluster = aws.eks.Cluster(
             f"{name}-eks",
             name=cfg.cluster_name,
@@ -66,7 +71,7 @@ class EksCluster(pulumi.ComponentResource):
             enabled_cluster_log_types=CONTROL_PLANE_LOGS,
             upgrade_policy=aws.eks.ClusterUpgradePolicyArgs(support_type="STANDARD"),
             tags=tags,
-            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[*attachments, *network_ready])),
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[*attachments, *network_ready, self.log_group])),
         )
 
         self.oidc_issuer = self.cluster.identities.apply(lambda ids: ids[0]["oidcs"][0]["issuer"])

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
-from infra import catalog
+from infra import aws_provider, aws_rules, catalog
 
 PROJECT = "raytrain-eks"
 
@@ -35,13 +35,21 @@ NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
 CLUSTER_AUTOSCALER_IMAGE_TAGS = {"1.34": "v1.34.5", "1.35": "v1.35.2", "1.36": "v1.36.1"}
 DEFAULT_CLUSTER_AUTOSCALER_CHART = "9.59.0"
 MIN_CLUSTER_AUTOSCALER_CHART = (9, 47, 0)
+CAPACITY_TYPES = ("ON_DEMAND", "SPOT", "CAPACITY_BLOCK")
+# Namespaces a stack file may use: this project's, the AWS provider's (handed to the explicit provider),
+# and Pulumi's own (pulumi:tags, ...). Any other namespace is read by nobody.
+KNOWN_NAMESPACES = ("aws", "pulumi")
+# The most tags the program adds to one resource: project and stack, plus Name and the two Kubernetes
+# subnet tags on a subnet. AWS allows 50 per resource.
+PROJECT_TAGS_PER_RESOURCE = 5
 SCALE_TO_ZERO_KEYS = ("gpuIdleTimeoutMinutes", "clusterAutoscalerVersion", "clusterAutoscalerImageTag")
 
 _DIGEST_IMAGE = re.compile(r"^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+@sha256:[0-9a-f]{64}$")
 _TAG_IMAGE = re.compile(r"^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 _REGION = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
 _CLUSTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_ZONE_NAME = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$")
+_ZONE_ID = re.compile(r"^[a-z]{2,5}\d-az\d+$")
 _ROLE_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$")
 _RESERVATION = re.compile(r"^cr-[0-9a-f]{17}$")
 _SEMVER = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)$")
@@ -88,6 +96,11 @@ class StackConfig:
     cluster_autoscaler_version: str = DEFAULT_CLUSTER_AUTOSCALER_CHART
     cluster_autoscaler_image_tag: str = CLUSTER_AUTOSCALER_IMAGE_TAGS[SUPPORTED_KUBERNETES_VERSIONS[-1]]
     tags: Mapping[str, str] = field(default_factory=dict)
+    aws_settings: Mapping[str, Any] = field(default_factory=dict)
+    placeholders: tuple[str, ...] = ()
+    noncurrent_version_expiration_days: int = 3
+    control_plane_log_retention_days: int = 30
+    cost_warning_per_day: float = 1000.0
 
     ray_cluster_name = "raytrain"
     ray_service_account = "ray-train"
@@ -237,8 +250,16 @@ def _cidrs(key, value, problems):
                 f"{key}: {item!r} opens the EKS API endpoint to the whole internet; "
                 "list only the addresses you deploy from (e.g. your IP as x.x.x.x/32)")
             continue
-        good.append(str(net))
-    return tuple(good)
+        if why := aws_rules.public_cidr_problem(net):
+            problems.append(f"{key}: {item!r} {why}; list the public addresses you deploy from "
+                            "(your IP: curl -s https://checkip.amazonaws.com)")
+            continue
+        good.append(net)
+    if len(good) > 1 and aws_rules.covers_everything(good):
+        problems.append(
+            f"{key}: {', '.join(map(str, good))} together cover 0.0.0.0/0 and open the EKS API endpoint to the "
+            "whole internet; list only the addresses you deploy from (e.g. your IP as x.x.x.x/32)")
+    return tuple(str(n) for n in good)
 
 
 def _role_arns(key, value, problems):
@@ -248,7 +269,8 @@ def _role_arns(key, value, problems):
     for item in items:
         if not _ROLE_ARN.match(str(item)):
             problems.append(f"{key}: {item!r} is not an IAM role or user ARN; write it like arn:aws:iam::123456789012:role/Admin")
-    return tuple(str(i) for i in items)
+    # EKS takes one access entry per principal: a repeated ARN would fail CreateAccessEntry.
+    return tuple(dict.fromkeys(str(i) for i in items))
 
 
 def _tags(key, value, problems):
@@ -256,12 +278,10 @@ def _tags(key, value, problems):
     if mapping is None:
         return None
     for tag, tag_value in mapping.items():
-        if str(tag).lower().startswith("aws:"):
-            problems.append(f"{key}: tag {tag!r} uses the reserved prefix 'aws:'; rename it")
-        elif not 1 <= len(str(tag)) <= 128:
-            problems.append(f"{key}: tag {tag!r} must be 1 to 128 characters long")
-        if isinstance(tag_value, (dict, list)) or len(str(tag_value)) > 256:
-            problems.append(f"{key}: the value of tag {tag!r} must be a string of at most 256 characters")
+        if isinstance(tag_value, (dict, list)):
+            problems.append(f"{key}: the value of tag {tag!r} must be a string, got {tag_value!r}")
+            continue
+        problems.extend(f"{key}: {why}" for why in aws_rules.tag_problems(str(tag), str(tag_value)))
     return MappingProxyType({str(k): str(v) for k, v in mapping.items()})
 
 
@@ -296,6 +316,47 @@ def _ca_image_tag(key, value, problems):
     return text
 
 
+def _zone(key, value, problems):
+    text = _as_str(key, value, problems)
+    if text is None:
+        return None
+    if _ZONE_NAME.match(text) or _ZONE_ID.match(text):
+        return text
+    problems.append(f"{key}: {text!r} is neither an availability zone name such as us-east-1a nor a zone ID such "
+                    "as use1-az4 (`aws ec2 describe-availability-zones` lists both)")
+    return None
+
+
+def _bucket(key, value, problems):
+    text = _as_str(key, value, problems)
+    if text is None:
+        return None
+    if why := aws_rules.bucket_name_problem(text):
+        problems.append(f"{key}: {text!r} is not a valid S3 bucket name: it {why}; or unset it to get a generated name")
+        return None
+    return text
+
+
+def _retention_days(key, value, problems):
+    days = _as_int(1, 3653)(key, value, problems)
+    if days is not None and days not in aws_rules.LOG_RETENTION_DAYS:
+        problems.append(f"{key}: {days} is not a retention CloudWatch Logs offers; use one of "
+                        f"{', '.join(map(str, aws_rules.LOG_RETENTION_DAYS))}")
+        return None
+    return days
+
+
+def _dollars(key, value, problems):
+    try:
+        number = float(str(value).strip())
+    except ValueError:
+        number = -1.0
+    if not number > 0:
+        problems.append(f"{key}: {value!r} is not a positive amount of US dollars, e.g. 1000")
+        return None
+    return number
+
+
 def _image(key, value, problems):
     text = _as_str(key, value, problems)
     if text is None:
@@ -309,8 +370,8 @@ def _image(key, value, problems):
 
 
 KEYS: dict[str, _Key] = {k.name: k for k in (
-    _Key("availabilityZone", None, _matching(re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$"), "an availability zone name such as us-east-1a"),
-         "AZ of the GPU nodes; unset picks one that offers gpuNodeType"),
+    _Key("availabilityZone", None, _zone,
+         "AZ of the GPU nodes, by name or zone ID; unset picks one that offers gpuNodeType"),
     _Key("kubernetesVersion", SUPPORTED_KUBERNETES_VERSIONS[-1], _one_of(SUPPORTED_KUBERNETES_VERSIONS), "EKS version"),
     _Key("clusterName", None, _matching(_CLUSTER_NAME, "a valid EKS cluster name (letters, digits, - and _, at most 100)"),
          "EKS cluster name; default <project>-<stack>"),
@@ -318,7 +379,7 @@ KEYS: dict[str, _Key] = {k.name: k for k in (
     _Key("systemNodeCount", 1, _as_int(1, 10), "number of CPU system nodes"),
     _Key("gpuNodeType", "g6.12xlarge", _gpu_type, "EFA GPU instance type"),
     _Key("gpuNodeCount", 2, _as_int(1, 64), "number of GPU nodes"),
-    _Key("capacityType", "ON_DEMAND", _one_of(("ON_DEMAND", "SPOT")), "ON_DEMAND or SPOT"),
+    _Key("capacityType", "ON_DEMAND", _one_of(CAPACITY_TYPES), "ON_DEMAND, SPOT or CAPACITY_BLOCK"),
     _Key("capacityReservationId", None, _matching(_RESERVATION, "a capacity reservation id like cr-0123456789abcdef0"),
          "target an On-Demand Capacity Reservation"),
     _Key("placementGroup", None, _as_bool, "cluster placement group for the GPU nodes; default true without a reservation"),
@@ -334,8 +395,11 @@ KEYS: dict[str, _Key] = {k.name: k for k in (
     _Key("ncclDebug", "INFO", _one_of(NCCL_DEBUG_LEVELS), "NCCL_DEBUG on the GPU workers"),
     _Key("rayNamespace", "ray", _matching(re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"), "a Kubernetes namespace name"),
          "namespace of the RayCluster"),
-    _Key("checkpointBucket", None, _matching(_BUCKET, "a valid S3 bucket name (3-63 lowercase letters, digits, dots, hyphens)"),
-         "checkpoint bucket name; default generated"),
+    _Key("checkpointBucket", None, _bucket, "checkpoint bucket name; default generated"),
+    _Key("noncurrentVersionExpirationDays", 3, _as_int(1, 365),
+         "days a deleted or overwritten checkpoint object is kept as a noncurrent version"),
+    _Key("controlPlaneLogRetentionDays", 30, _retention_days, "retention of the EKS control-plane log group"),
+    _Key("costWarningPerDay", 1000.0, _dollars, "warn above this estimated cost per day (US dollars)"),
     _Key("retainCheckpointsOnDestroy", True, _as_bool, "protect the checkpoint bucket from pulumi destroy"),
     _Key("tags", MappingProxyType({}), _tags, "tags applied to every AWS resource that takes tags"),
     _Key("scaleToZero", False, _as_bool,
@@ -365,6 +429,8 @@ def load(raw: Mapping[str, Any], *, stack: str, project: str = PROJECT) -> Stack
         close = difflib.get_close_matches(name, KEYS, n=1, cutoff=0.6)
         hint = f"did you mean {prefix}{close[0]}?" if close else f"known keys: {', '.join(KEYS)}"
         problems.append(f"{prefix}{name}: unknown configuration key; {hint}")
+    _check_namespaces(raw, project, problems)
+    aws_settings = aws_provider.parse(raw, problems)
 
     values: dict[str, Any] = {}
     for name, key in KEYS.items():
@@ -378,17 +444,24 @@ def load(raw: Mapping[str, Any], *, stack: str, project: str = PROJECT) -> Stack
         problems.append("aws:region: not set; run `pulumi config set aws:region us-east-1` (or the region you deploy to)")
     elif not _REGION.match(str(region)):
         problems.append(f"aws:region: {region!r} is not an AWS region name such as us-east-1")
+    elif str(region) not in aws_rules.eks_regions():
+        close = difflib.get_close_matches(str(region), sorted(aws_rules.eks_regions()), n=3, cutoff=0.7)
+        problems.append(f"aws:region: {region!r} is not a region where AWS offers EKS (botocore's endpoint list)"
+                        + (f"; did you mean {' or '.join(close)}?" if close else ""))
     if values["apiAccessCidrs"] is None and "apiAccessCidrs" not in ours:
         problems.append(
             f"{prefix}apiAccessCidrs: not set; the EKS API is never opened to 0.0.0.0/0 silently. Run "
             f"`pulumi config set --path '{prefix}apiAccessCidrs[0]' $(curl -s https://checkip.amazonaws.com)/32`")
 
     az = values["availabilityZone"]
-    if az and region and not str(az).startswith(str(region)):
+    if az and region and _ZONE_NAME.match(az) and not str(az).startswith(str(region)):
         problems.append(f"{prefix}availabilityZone: {az!r} is not in region {region}; pick an AZ of {region} or unset it")
     reservation = values["capacityReservationId"]
     if reservation and values["capacityType"] == "SPOT":
         problems.append(f"{prefix}capacityReservationId: a capacity reservation holds On-Demand capacity; set capacityType to ON_DEMAND or remove the reservation")
+    if values["capacityType"] == "CAPACITY_BLOCK" and not reservation and "capacityReservationId" not in ours:
+        problems.append(f"{prefix}capacityType: CAPACITY_BLOCK needs the Capacity Block's reservation; set "
+                        f"{prefix}capacityReservationId to its cr-... id (EC2 console, Capacity Reservations)")
     if reservation and values["placementGroup"] is True:
         problems.append(
             f"{prefix}placementGroup: true together with capacityReservationId causes InsufficientInstanceCapacity "
@@ -396,6 +469,13 @@ def load(raw: Mapping[str, Any], *, stack: str, project: str = PROJECT) -> Stack
     if values["placementGroup"] is None:
         values["placementGroup"] = reservation is None
     _check_scale_to_zero(values, ours, prefix, problems)
+    cluster_name = values["clusterName"] or f"{project}-{stack}"
+    if values["clusterName"] is None and (why := aws_rules.cluster_name_problem(cluster_name)):
+        suggestion = re.sub(r"[^A-Za-z0-9_-]", "-", cluster_name)[: aws_rules.CLUSTER_NAME_MAX]
+        problems.append(f"{prefix}clusterName: not set, and the default {cluster_name!r} (<project>-<stack>, from "
+                        f"stack {stack!r}) {why}; set it, e.g. `pulumi config set {prefix}clusterName {suggestion}`")
+    _check_tag_count(values["tags"], aws_settings, prefix, problems)
+    placeholders = _placeholders(values["apiAccessCidrs"], prefix)
 
     if problems:
         raise ConfigError(problems)
@@ -406,7 +486,7 @@ def load(raw: Mapping[str, Any], *, stack: str, project: str = PROJECT) -> Stack
         region=str(region),
         availability_zone=values["availabilityZone"],
         kubernetes_version=values["kubernetesVersion"],
-        cluster_name=values["clusterName"] or f"{project}-{stack}",
+        cluster_name=cluster_name,
         system_node_type=values["systemNodeType"],
         system_node_count=values["systemNodeCount"],
         gpu_node_type=values["gpuNodeType"],
@@ -431,7 +511,54 @@ def load(raw: Mapping[str, Any], *, stack: str, project: str = PROJECT) -> Stack
         cluster_autoscaler_image_tag=(values["clusterAutoscalerImageTag"]
                                       or CLUSTER_AUTOSCALER_IMAGE_TAGS[values["kubernetesVersion"]]),
         tags=values["tags"],
+        aws_settings=aws_settings,
+        placeholders=placeholders,
+        noncurrent_version_expiration_days=values["noncurrentVersionExpirationDays"],
+        control_plane_log_retention_days=values["controlPlaneLogRetentionDays"],
+        cost_warning_per_day=values["costWarningPerDay"],
     )
+
+
+def _check_namespaces(raw: Mapping[str, Any], project: str, problems: list[str]) -> None:
+    """A key in a namespace nobody reads would be ignored, and the defaults deployed instead."""
+    known = (project, *KNOWN_NAMESPACES)
+    for key in sorted(raw):
+        namespace, colon, name = key.partition(":")
+        if not colon:
+            problems.append(f"{key}: has no namespace, so nothing reads it; write it as {project}:{key}")
+        elif namespace not in known:
+            close = difflib.get_close_matches(namespace, known, n=1, cutoff=0.6)
+            hint = (f"did you mean {close[0]}:{name}?" if close else
+                    f"this program reads only {', '.join(n + ':' for n in known)} keys (its providers are explicit, "
+                    "so other providers' settings never reach them); remove it")
+            problems.append(f"{key}: namespace {namespace!r} is read by nothing here; {hint}")
+
+
+def _check_tag_count(tags: Mapping[str, str] | None, aws_settings: Mapping[str, Any], prefix: str,
+                     problems: list[str]) -> None:
+    """AWS allows 50 tags per resource; the program adds up to PROJECT_TAGS_PER_RESOURCE of its own."""
+    default_tags = dict((aws_settings.get("defaultTags") or {}).get("tags") or {})
+    for tag, value in default_tags.items():
+        problems.extend(f"aws:defaultTags: {why}" for why in aws_rules.tag_problems(str(tag), str(value)))
+    user = set(tags or {}) | set(default_tags)
+    room = aws_rules.MAX_TAGS - PROJECT_TAGS_PER_RESOURCE
+    extra = user - {"project", "stack", "Name"}
+    if len(extra) > room:
+        problems.append(f"{prefix}tags: {len(extra)} tags (with aws:defaultTags) plus the up to "
+                        f"{PROJECT_TAGS_PER_RESOURCE} the program adds exceed AWS's {aws_rules.MAX_TAGS} tags per "
+                        f"resource; keep at most {room}")
+
+
+def _placeholders(cidrs: tuple[str, ...] | None, prefix: str) -> tuple[str, ...]:
+    """Values that plan offline but must be replaced before they reach AWS."""
+    found = []
+    for cidr in cidrs or ():
+        if aws_rules.is_documentation_range(ipaddress.ip_network(cidr)):
+            found.append(
+                f"{prefix}apiAccessCidrs: {cidr} is a documentation range (RFC 5737), a placeholder EKS refuses; "
+                f"replace it with your address: `pulumi config set --path '{prefix}apiAccessCidrs[0]' "
+                "\"$(curl -s https://checkip.amazonaws.com)/32\"`")
+    return tuple(found)
 
 
 def _check_scale_to_zero(values: dict[str, Any], ours: Mapping[str, Any], prefix: str, problems: list[str]) -> None:

@@ -92,3 +92,24 @@ def cluster_autoscaler_policy(cluster_name: str) -> str:
              }}},
         ],
     })
+
+
+# Where nodes fetch from S3 besides the account's own buckets: ECR's image layers and the Amazon
+# Linux package repositories (ECR user guide, "Amazon ECR interface VPC endpoints"; AL2023 user guide).
+AWS_OWNED_BUCKETS = ("prod-{region}-starport-layer-bucket", "al2023-repos-{region}-*")
+S3_DATA_ACTIONS = ("s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload",
+                   "s3:ListMultipartUploadParts", "s3:ListBucket", "s3:GetBucketLocation",
+                   "s3:ListBucketMultipartUploads")
+
+
+def s3_endpoint_policy(region: str, account_id: str) -> str:
+    """What the S3 gateway endpoint lets through: data in this account's buckets, and AWS's buckets nodes read."""
+    return json.dumps({
+        "Version": "2012-10-17",
+        "Statement": [
+            {"Sid": "OwnAccountBuckets", "Effect": "Allow", "Principal": "*", "Action": list(S3_DATA_ACTIONS),
+             "Resource": "*", "Condition": {"StringEquals": {"aws:ResourceAccount": account_id}}},
+            {"Sid": "ImageLayersAndPackages", "Effect": "Allow", "Principal": "*", "Action": "s3:GetObject",
+             "Resource": [f"arn:aws:s3:::{b.format(region=region)}/*" for b in AWS_OWNED_BUCKETS]},
+        ],
+    })

@@ -1,7 +1,8 @@
 """The VPC: public subnets for the NAT gateway, private subnets for every node.
 
-EKS needs subnets in at least two AZs for its control plane; the GPU nodes use
-only the private subnet of the GPU AZ, because EFA traffic does not cross AZs.
+EKS needs subnets in at least two AZs for its control plane (and refuses some zone IDs,
+infra.preflight picks around them); the GPU nodes use only the private subnet of the GPU AZ,
+because EFA traffic does not cross AZs.
 """
 from __future__ import annotations
 
@@ -33,17 +34,11 @@ def plan_subnets(azs: list[str], vpc_cidr: str = VPC_CIDR) -> list[SubnetPlan]:
     return [SubnetPlan(az, str(public[i]), str(private[i])) for i, az in enumerate(azs)]
 
 
-def choose_azs(region_azs: list[str], gpu_az: str, count: int = 2) -> list[str]:
-    """The GPU AZ first, then the region's other AZs in order, `count` in all."""
-    others = [az for az in sorted(region_azs) if az != gpu_az]
-    return [gpu_az, *others[: count - 1]]
-
-
 class Network(pulumi.ComponentResource):
     """VPC, subnets, one NAT gateway in the GPU AZ, and route tables."""
 
-    def __init__(self, name: str, *, azs: list[str], cluster_name: str, tags: dict[str, str],
-                 opts: pulumi.ResourceOptions | None = None):
+    def __init__(self, name: str, *, azs: list[str], control_plane_azs: list[str], cluster_name: str, region: str,
+                 s3_endpoint_policy: str, tags: dict[str, str], opts: pulumi.ResourceOptions | None = None):
         super().__init__("raytrain:infra:Network", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
 
@@ -88,8 +83,16 @@ class Network(pulumi.ComponentResource):
                                           route_table_id=private_rt.id, opts=child)
             for az, subnet in self.private_subnets.items()
         ]
-        # What nodes need before they can boot and pull images: a way out through the NAT gateway.
-        self.egress = [self.nat, private_rt, *private_routes]
+        # S3 (checkpoints, datasets, ECR image layers) through a gateway endpoint: free, where the NAT
+        # gateway charges per GB.
+        self.s3_endpoint = aws.ec2.VpcEndpoint(
+            f"{name}-s3", vpc_id=self.vpc.id, service_name=f"com.amazonaws.{region}.s3", vpc_endpoint_type="Gateway",
+            route_table_ids=[private_rt.id], policy=s3_endpoint_policy, tags=tagged("s3"), opts=child)
+        # What nodes need before they can boot and pull images: a way out through the NAT gateway, and
+        # the S3 route in place (an endpoint added later resets the connections of image pulls under way).
+        self.egress = [self.nat, private_rt, *private_routes, self.s3_endpoint]
 
         self.private_subnet_ids = [s.id for s in self.private_subnets.values()]
+        # EKS refuses control-plane subnets in some zones; nodes may still run there.
+        self.control_plane_subnet_ids = [self.private_subnets[az].id for az in control_plane_azs]
         self.register_outputs({"vpcId": self.vpc.id})

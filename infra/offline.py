@@ -15,6 +15,11 @@ from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime.proto import resource_pb2
 
 ACCOUNT = "123456789012"
+CALLER = f"arn:aws:sts::{ACCOUNT}:assumed-role/Deployer/pulumi"
+# An account's own mapping of zone names to zone IDs (every account has a different one); us-east-1b is
+# use1-az3 here, a zone EKS refuses for control-plane subnets.
+US_EAST_1_ZONE_IDS = {"us-east-1a": "use1-az2", "us-east-1b": "use1-az3", "us-east-1c": "use1-az6",
+                      "us-east-1d": "use1-az1", "us-east-1e": "use1-az4", "us-east-1f": "use1-az5"}
 
 
 @dataclass
@@ -64,13 +69,35 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
         return response
 
 
-class RecordingMocks(pulumi.runtime.Mocks):
-    """Records resources and answers the few data-source calls the program makes."""
+def _zone_ids(region: str, zones: list[str]) -> dict[str, str]:
+    if region == "us-east-1":
+        return {z: US_EAST_1_ZONE_IDS.get(z, f"use1-az{9 + i}") for i, z in enumerate(zones)}
+    parts = region.split("-")
+    short = f"{parts[0]}{''.join(p[0] for p in parts[1:-1])}{parts[-1]}"
+    return {z: f"{short}-az{len(zones) - i}" for i, z in enumerate(zones)}  # names and IDs in different orders
 
-    def __init__(self, region: str, *, zones: list[str] | None = None, offered_zones: list[str] | None = None):
+
+class RecordingMocks(pulumi.runtime.Mocks):
+    """Records resources and answers the data-source calls the program makes, in the shapes AWS returns.
+
+    `reservations` maps a capacity reservation id to what EC2 holds for it (AvailabilityZone, InstanceType,
+    InstanceCount, State, and kind "capacity-block" for a Capacity Block); an id not listed is answered
+    with `assumed_reservation` (offline, a configured reservation is assumed to match the configuration).
+    `quotas` maps an EC2 quota code to its value (default: ample).
+    """
+
+    def __init__(self, region: str, *, zones: list[str] | None = None, offered_zones: list[str] | None = None,
+                 zone_ids: dict[str, str] | None = None, reservations: dict[str, dict] | None = None,
+                 assumed_reservation: dict | None = None, caller_arn: str = CALLER,
+                 quotas: dict[str, float] | None = None):
         self.region = region
-        self.zones = zones or [f"{region}{s}" for s in "abcd"]
+        self.zones = zones or ([*US_EAST_1_ZONE_IDS] if region == "us-east-1" else [f"{region}{s}" for s in "abcd"])
+        self.zone_ids = zone_ids or _zone_ids(region, self.zones)
         self.offered_zones = self.zones[:3] if offered_zones is None else offered_zones
+        self.reservations = reservations or {}
+        self.assumed_reservation = assumed_reservation
+        self.caller_arn = caller_arn
+        self.quotas = quotas or {}
         self.resources: list[Recorded] = []
         self.calls: list[tuple[str, dict]] = []
 
@@ -110,14 +137,56 @@ class RecordingMocks(pulumi.runtime.Mocks):
     def call(self, args: pulumi.runtime.MockCallArgs):
         self.calls.append((args.token, dict(args.args)))
         if args.token == "aws:index/getAvailabilityZones:getAvailabilityZones":
-            return {"names": self.zones, "zoneIds": [f"use1-az{i}" for i, _ in enumerate(self.zones)], "id": self.region}
+            return {"names": self.zones, "zoneIds": [self.zone_ids[z] for z in self.zones], "id": self.region,
+                    "groupNames": [self.region] * len(self.zones)}
         if args.token == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
-            return {"locations": self.offered_zones, "locationTypes": ["availability-zone"] * len(self.offered_zones),
-                    "instanceTypes": [args.args["filters"][0]["values"][0]] * len(self.offered_zones),
-                    "id": self.region}
+            by_id = args.args.get("locationType") == "availability-zone-id"
+            locations = [self.zone_ids[z] if by_id else z for z in self.offered_zones]
+            return {"locations": locations, "locationTypes": [args.args.get("locationType")] * len(locations),
+                    "instanceTypes": [args.args["filters"][0]["values"][0]] * len(locations), "id": self.region}
         if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
-            return {"accountId": ACCOUNT, "arn": f"arn:aws:iam::{ACCOUNT}:user/deployer", "userId": "AIDPLACEHOLDER"}
+            return {"accountId": ACCOUNT, "arn": self.caller_arn, "userId": "AROAPLACEHOLDER:pulumi", "id": ACCOUNT}
+        if args.token == "aws:cloudcontrol/getResource:getResource":
+            found = self._reservation(args.args["identifier"])
+            if found.get("kind") == "capacity-block":
+                raise Exception(f"{args.args['identifier']} is a Capacity Block")  # noqa: TRY002 - as AWS answers
+            props = {k: v for k, v in found.items() if k != "kind"}
+            return {"identifier": args.args["identifier"], "typeName": args.args["typeName"],
+                    "properties": json.dumps({"Id": args.args["identifier"], "InstancePlatform": "Linux/UNIX",
+                                              "TotalInstanceCount": props.get("InstanceCount"), **props})}
+        if args.token == "aws:ec2/getCapacityBlockReservation:getCapacityBlockReservation":
+            found = self._reservation(args.args["id"])
+            if found.get("kind") != "capacity-block":
+                raise Exception(f"no Capacity Block {args.args['id']} (it is not of type capacity-block)")  # noqa: TRY002
+            return {"id": args.args["id"], "availabilityZone": found["AvailabilityZone"],
+                    "instanceType": found["InstanceType"], "instanceCount": found["InstanceCount"],
+                    "instancePlatform": "Linux/UNIX", "state": found.get("State", "active"),
+                    "startDate": found.get("StartDate", "2026-12-01T11:30:00Z"), "reservationType": "capacity-block"}
+        if args.token == "aws:servicequotas/getServiceQuota:getServiceQuota":
+            code = args.args["quotaCode"]
+            return {"quotaCode": code, "serviceCode": "ec2", "value": self.quotas.get(code, 100000.0), "id": code}
         return {}
+
+    def assume_reservation_from(self, raw: dict[str, Any]) -> None:
+        """Offline there is no reservation to read: assume it holds what the configuration asks for."""
+        from infra.config import KEYS
+
+        def get(key: str) -> Any:
+            value = raw.get(f"raytrain-eks:{key}")
+            return KEYS[key].default if value is None else value
+
+        wanted = get("availabilityZone")
+        zone = next((n for n, i in self.zone_ids.items() if wanted in (n, i)), self.zones[0])
+        self.assumed_reservation = {
+            "AvailabilityZone": zone, "InstanceType": get("gpuNodeType"), "InstanceCount": int(get("gpuNodeCount")),
+            "State": "active", "kind": "capacity-block" if get("capacityType") == "CAPACITY_BLOCK" else "odcr"}
+
+    def _reservation(self, rid: str) -> dict:
+        if rid in self.reservations:
+            return self.reservations[rid]
+        if self.assumed_reservation is None:
+            raise Exception(f"capacity reservation {rid} not found")  # noqa: TRY002 - what the API answers
+        return self.assumed_reservation
 
 
 @dataclass
@@ -181,7 +250,9 @@ def run(raw_config: dict[str, Any], *, stack: str = "dev", project: str = "raytr
     from infra import program as stack_program
 
     region = str(raw_config.get("aws:region") or "us-east-1")
-    mocks = mocks or RecordingMocks(region)
+    if mocks is None:
+        mocks = RecordingMocks(region)
+        mocks.assume_reservation_from(raw_config)
     monitor = _RecordingMonitor(mocks)
     pulumi.runtime.set_mocks(mocks, project=project, stack=stack, preview=False, monitor=monitor)
     pulumi.runtime.set_all_config(_config_strings(raw_config))
@@ -193,7 +264,7 @@ def run(raw_config: dict[str, Any], *, stack: str = "dev", project: str = "raytr
             secrets.add(name)
 
     def body():
-        outputs = (program or stack_program.main)()
+        outputs = program() if program else stack_program.main(offline=True)
         checks = [pulumi.Output.from_input(note_secret(k, pulumi.Output.from_input(v))) for k, v in outputs.items()]
         return pulumi.Output.all(pulumi.Output.all(**outputs).apply(results.update), *checks)
 

@@ -4,61 +4,42 @@ from __future__ import annotations
 import pulumi
 import pulumi_aws as aws
 
+from infra import aws_provider, iam, preflight
 from infra import config as stack_config
 from infra.autoscaling import ClusterAutoscalerRole
 from infra.cluster import EksCluster
-from infra.config import StackConfig
-from infra.cost import hourly_cost
-from infra.network import Network, choose_azs
+from infra.cost import cost_warnings, hourly_cost
+from infra.network import Network
 from infra.node_groups import GpuNodeGroup, SystemNodeGroup
 from infra.storage import CheckpointStore
+from infra.preflight import PlacementError  # noqa: F401 - raised by main(), kept importable from here
 from workloads import image as dlc_image
 from workloads.stack import RayWorkloads
 
 
-class PlacementError(ValueError):
-    """The region cannot host the configured GPU type where asked."""
-
-
-def gpu_availability_zone(cfg: StackConfig, offered: list[str]) -> str:
-    """The configured AZ if it offers the GPU type, else the first AZ that does."""
-    if not offered:
-        raise PlacementError(
-            f"raytrain-eks:gpuNodeType: {cfg.gpu_node_type} is not offered in any availability zone of "
-            f"{cfg.region}; pick another region (aws:region) or GPU type")
-    if cfg.availability_zone is None:
-        return sorted(offered)[0]
-    if cfg.availability_zone not in offered:
-        raise PlacementError(
-            f"raytrain-eks:availabilityZone: {cfg.availability_zone} does not offer {cfg.gpu_node_type}; "
-            f"use one of {', '.join(sorted(offered))} or unset it")
-    return cfg.availability_zone
-
-
-def offered_zones(instance_type: str, opts: pulumi.InvokeOptions) -> list[str]:
-    result = aws.ec2.get_instance_type_offerings(
-        location_type="availability-zone",
-        filters=[aws.ec2.GetInstanceTypeOfferingsFilterArgs(name="instance-type", values=[instance_type])],
-        opts=opts)
-    return list(result.locations)
-
-
-def main() -> dict[str, pulumi.Output]:
+def main(*, offline: bool = False) -> dict[str, pulumi.Output]:
+    """The whole stack. `offline` (the mocks of infra.offline) lets placeholder values plan; nothing reaches AWS."""
     cfg = stack_config.from_pulumi()
-    # Pinned first, and every AWS resource waits on it (through the provider): a tag that cannot be
+    provider_args = aws_provider.provider_args(cfg.aws_settings, region=cfg.region, tags=cfg.resource_tags)
+    # Lookups first, through a provider of their own: a stack the account cannot host stops here,
+    # before the image is pinned and before any resource is registered.
+    lookups = aws.Provider("aws-preflight", **provider_args)
+    site = preflight.survey(cfg, pulumi.InvokeOptions(provider=lookups), reaches_aws=not offline)
+    for warning in cost_warnings(cfg):
+        pulumi.log.warn(warning)
+    # Pinned next, and every AWS resource waits on it (through the provider): a tag that cannot be
     # resolved stops `pulumi up` before anything billable exists.
     image, pinning = dlc_image.pin(cfg.dlc_image)
-    provider = aws.Provider("aws", region=cfg.region, default_tags=aws.ProviderDefaultTagsArgs(tags=cfg.resource_tags),
-                            opts=pulumi.ResourceOptions(depends_on=pinning))
+    provider = aws.Provider("aws", **provider_args, opts=pulumi.ResourceOptions(depends_on=pinning))
     with_provider = pulumi.ResourceOptions(providers={"aws": provider})
-    invoke = pulumi.InvokeOptions(provider=provider)
 
-    region_azs = list(aws.get_availability_zones(state="available", opts=invoke).names)
-    gpu_az = gpu_availability_zone(cfg, offered_zones(cfg.gpu_node_type, invoke))
-    network = Network("net", azs=choose_azs(region_azs, gpu_az), cluster_name=cfg.cluster_name,
-                      tags=cfg.resource_tags, opts=with_provider)
+    gpu_az = site.gpu_zone.name
+    network = Network("net", azs=[z.name for z in site.zones],
+                      control_plane_azs=[z.name for z in site.control_plane_zones], cluster_name=cfg.cluster_name,
+                      s3_endpoint_policy=iam.s3_endpoint_policy(cfg.region, preflight.principal(site.caller_arn)[0]),
+                      region=cfg.region, tags=cfg.resource_tags, opts=with_provider)
 
-    eks = EksCluster("cluster", cfg, subnet_ids=network.private_subnet_ids, network_ready=network.egress,
+    eks = EksCluster("cluster", cfg, subnet_ids=network.control_plane_subnet_ids, network_ready=network.egress,
                      opts=with_provider)
     node_opts = pulumi.ResourceOptions(providers={"aws": provider},
                                        depends_on=[*eks.early_addons, *eks.node_role_attachments])
@@ -82,6 +63,7 @@ def main() -> dict[str, pulumi.Output]:
         "clusterName": eks.cluster.name,
         "region": pulumi.Output.from_input(cfg.region),
         "gpuAvailabilityZone": pulumi.Output.from_input(gpu_az),
+        "gpuAvailabilityZoneId": pulumi.Output.from_input(site.gpu_zone.zone_id),
         "kubeconfig": eks.kubeconfig,
         "checkpointBucketUri": store.uri,
         "rayIrsaRoleArn": store.role.arn,

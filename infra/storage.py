@@ -4,7 +4,7 @@ from __future__ import annotations
 import pulumi
 import pulumi_aws as aws
 
-from infra import iam
+from infra import aws_rules, iam
 from infra.config import StackConfig
 from infra.resources import children_options
 
@@ -22,14 +22,14 @@ class CheckpointStore(pulumi.ComponentResource):
         keep = cfg.retain_checkpoints_on_destroy
 
         bucket_args = {"bucket": cfg.checkpoint_bucket} if cfg.checkpoint_bucket else {
-            "bucket_prefix": f"{cfg.cluster_name.lower()[:37]}-ckpt-"}
+            "bucket_prefix": aws_rules.bucket_prefix(cfg.cluster_name)}
         self.bucket = aws.s3.Bucket(
             f"{name}-bucket", force_destroy=not keep, tags=tags, **bucket_args,
             opts=pulumi.ResourceOptions(parent=self, protect=keep, retain_on_delete=keep))
         aws.s3.BucketPublicAccessBlock(
             f"{name}-public-access", bucket=self.bucket.id, block_public_acls=True, block_public_policy=True,
             ignore_public_acls=True, restrict_public_buckets=True, opts=child)
-        aws.s3.BucketVersioning(
+        versioning = aws.s3.BucketVersioning(
             f"{name}-versioning", bucket=self.bucket.id,
             versioning_configuration=aws.s3.BucketVersioningVersioningConfigurationArgs(status="Enabled"), opts=child)
         aws.s3.BucketServerSideEncryptionConfiguration(
@@ -38,13 +38,24 @@ class CheckpointStore(pulumi.ComponentResource):
                 apply_server_side_encryption_by_default=aws.s3.BucketServerSideEncryptionConfigurationRuleApplyServerSideEncryptionByDefaultArgs(
                     sse_algorithm="aws:kms"),
                 bucket_key_enabled=True)], opts=child)
+        # Ray deletes old checkpoints; in a versioned bucket each lives on as a noncurrent version,
+        # billed until a rule expires it, and the delete markers left behind need cleaning too.
+        everything = aws.s3.BucketLifecycleConfigurationRuleFilterArgs(prefix="")
         aws.s3.BucketLifecycleConfiguration(
             f"{name}-lifecycle", bucket=self.bucket.id,
-            rules=[aws.s3.BucketLifecycleConfigurationRuleArgs(
-                id="abort-incomplete-multipart-uploads", status="Enabled",
-                filter=aws.s3.BucketLifecycleConfigurationRuleFilterArgs(prefix=""),
-                abort_incomplete_multipart_upload=aws.s3.BucketLifecycleConfigurationRuleAbortIncompleteMultipartUploadArgs(
-                    days_after_initiation=ABORT_INCOMPLETE_UPLOADS_DAYS))], opts=child)
+            rules=[
+                aws.s3.BucketLifecycleConfigurationRuleArgs(
+                    id="abort-incomplete-multipart-uploads", status="Enabled", filter=everything,
+                    abort_incomplete_multipart_upload=aws.s3.BucketLifecycleConfigurationRuleAbortIncompleteMultipartUploadArgs(
+                        days_after_initiation=ABORT_INCOMPLETE_UPLOADS_DAYS)),
+                aws.s3.BucketLifecycleConfigurationRuleArgs(
+                    id="expire-deleted-checkpoints", status="Enabled", filter=everything,
+                    noncurrent_version_expiration=aws.s3.BucketLifecycleConfigurationRuleNoncurrentVersionExpirationArgs(
+                        noncurrent_days=cfg.noncurrent_version_expiration_days),
+                    expiration=aws.s3.BucketLifecycleConfigurationRuleExpirationArgs(
+                        expired_object_delete_marker=True)),
+            ],
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[versioning])))
         aws.s3.BucketPolicy(f"{name}-tls-only", bucket=self.bucket.id,
                             policy=self.bucket.arn.apply(iam.deny_insecure_transport), opts=child)
 

@@ -27,7 +27,7 @@ def test_gpudirect_rdma_only_on_p_series():
 
 def test_reference_figures():
     g6 = catalog.GPU_TYPES["g6.12xlarge"]
-    assert (g6.gpus, g6.gpu_memory_gib, g6.vcpus, g6.memory_gib, g6.network_gbps) == (4, 24, 48, 192, 40)
+    assert (g6.gpus, g6.gpu_memory_gib, g6.vcpus, g6.memory_gib, g6.network_gbps) == (4, 22.35, 48, 192, 40)
     assert catalog.GPU_TYPES["p5.48xlarge"].efa_interfaces == 32
 
 

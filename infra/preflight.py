@@ -1,0 +1,250 @@
+"""What only the account can tell, looked up before anything is declared (`pulumi preview` does it too).
+
+The configuration's own rules are checked when it is loaded (infra.config); these need the account:
+which zone IDs its AZ names map to, what a capacity reservation holds, who is deploying and how many
+vCPUs it may run. Lookups are invokes through a provider of their own, so they finish before the DLC
+image is pinned and before any resource is registered; every problem is reported at once.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+
+from infra import aws_rules
+from infra.config import StackConfig
+from infra.cost import VCPU_QUOTAS, vcpus_needed
+
+KEY = "raytrain-eks:"
+
+
+class PreflightError(pulumi.RunError):
+    """The account cannot host the stack as configured. A RunError: Pulumi prints it without a traceback."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"the stack cannot be deployed as configured ({len(self.problems)} problem(s)):\n{lines}")
+
+
+class PlacementError(PreflightError):
+    """The region cannot host the configured GPU type where asked."""
+
+    def __init__(self, problem: str):
+        super().__init__([problem])
+
+
+@dataclass(frozen=True)
+class Zone:
+    name: str
+    zone_id: str
+
+    @property
+    def refused_for_control_plane(self) -> bool:
+        return self.zone_id in aws_rules.REFUSED_CONTROL_PLANE_ZONE_IDS
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.zone_id})"
+
+
+@dataclass(frozen=True)
+class Reservation:
+    id: str
+    kind: str  # "capacity reservation" or "Capacity Block"
+    zone: str
+    instance_type: str
+    instance_count: int
+    state: str
+    platform: str = "Linux/UNIX"
+    start: str | None = None
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where the stack goes: the GPU zone first, then the other zones the network spans."""
+
+    gpu_zone: Zone
+    zones: tuple[Zone, ...]
+    caller_arn: str
+
+    @property
+    def control_plane_zones(self) -> tuple[Zone, ...]:
+        return tuple(z for z in self.zones if not z.refused_for_control_plane)
+
+
+# --- pure checks -------------------------------------------------------------------------------------
+
+def find_zone(zones: list[Zone], wanted: str) -> Zone | None:
+    return next((z for z in zones if wanted in (z.name, z.zone_id)), None)
+
+
+def choose_gpu_zone(cfg: StackConfig, zones: list[Zone], offered_ids: set[str],
+                    reservation: Reservation | None) -> Zone:
+    """The reservation's zone, else the configured one, else the first zone offering the GPU type.
+
+    A zone EKS refuses for control-plane subnets is never picked automatically; asked for, it is used
+    for the GPU nodes only and the control plane gets two other zones.
+    """
+    offered = [z for z in zones if z.zone_id in offered_ids]
+    if not offered:
+        raise PlacementError(f"{KEY}gpuNodeType: {cfg.gpu_node_type} is not offered in any availability zone of "
+                             f"{cfg.region}; pick another region (aws:region) or GPU type")
+    wanted = cfg.availability_zone
+    if wanted is not None:
+        zone = find_zone(zones, wanted)
+        if zone is None:
+            raise PlacementError(f"{KEY}availabilityZone: {wanted} is not an available zone of {cfg.region} in this "
+                                 f"account; use one of {', '.join(map(str, zones))} or unset it")
+        if zone not in offered:
+            raise PlacementError(f"{KEY}availabilityZone: {wanted} does not offer {cfg.gpu_node_type}; use one of "
+                                 f"{', '.join(z.name for z in offered)} or unset it")
+        if reservation and reservation.zone not in (zone.name, zone.zone_id):
+            raise PlacementError(
+                f"{KEY}availabilityZone: {zone} is not the zone of {reservation.kind} {reservation.id} "
+                f"({reservation.zone}); set availabilityZone to {reservation.zone} or unset it")
+        return zone
+    if reservation:
+        zone = find_zone(zones, reservation.zone)
+        if zone is None:
+            raise PlacementError(f"{KEY}capacityReservationId: {reservation.id} is in {reservation.zone}, which is not "
+                                 f"an available zone of {cfg.region} (aws:region)")
+        return zone
+    preferred = [z for z in offered if not z.refused_for_control_plane] or offered
+    return sorted(preferred, key=lambda z: z.name)[0]
+
+
+def network_zones(zones: list[Zone], gpu: Zone, control_plane: int = 2) -> tuple[Zone, ...]:
+    """The GPU zone first, then enough others that `control_plane` zones EKS accepts are among them."""
+    chosen = [gpu]
+    for zone in sorted(zones, key=lambda z: z.name):
+        if sum(not z.refused_for_control_plane for z in chosen) >= control_plane:
+            break
+        if zone != gpu and not zone.refused_for_control_plane:
+            chosen.append(zone)
+    if sum(not z.refused_for_control_plane for z in chosen) < control_plane:
+        raise PlacementError(f"aws:region: EKS needs control-plane subnets in {control_plane} zones it accepts; this "
+                             f"account has {', '.join(map(str, zones))}, of which EKS refuses "
+                             f"{', '.join(str(z) for z in zones if z.refused_for_control_plane) or 'none'}")
+    return tuple(chosen)
+
+
+def reservation_problems(cfg: StackConfig, reservation: Reservation) -> list[str]:
+    """A reservation must hold the configured type, enough instances, for Linux, and be usable now."""
+    key, problems = f"{KEY}capacityReservationId", []
+    if reservation.instance_type != cfg.gpu_node_type:
+        problems.append(f"{key}: {reservation.kind} {reservation.id} holds {reservation.instance_type}, but "
+                        f"{KEY}gpuNodeType is {cfg.gpu_node_type}; set gpuNodeType to {reservation.instance_type} "
+                        "or use a reservation for it")
+    if reservation.instance_count < cfg.gpu_node_count:
+        problems.append(f"{key}: {reservation.kind} {reservation.id} holds {reservation.instance_count} instance(s), "
+                        f"fewer than {KEY}gpuNodeCount {cfg.gpu_node_count}; lower gpuNodeCount or enlarge the "
+                        "reservation")
+    if not reservation.platform.startswith("Linux/UNIX"):
+        problems.append(f"{key}: {reservation.kind} {reservation.id} is for {reservation.platform}; the EKS AL2023 "
+                        "nodes need a Linux/UNIX reservation")
+    if reservation.state != "active":
+        when = f" (it starts {reservation.start})" if reservation.start else ""
+        problems.append(f"{key}: {reservation.kind} {reservation.id} is {reservation.state}{when}; the GPU node "
+                        "group can only launch into an active one: run `pulumi up` once it is active")
+    return problems
+
+
+def principal(arn: str) -> tuple[str, str, str] | None:
+    """(account, kind, name) of an IAM principal or of the role behind an assumed-role session; paths dropped."""
+    match = re.match(r"^arn:aws[a-z-]*:(?:iam|sts)::(\d{12}):(role|user|assumed-role)/(.+)$", arn)
+    if not match:
+        return None
+    account, kind, rest = match.groups()
+    if kind == "assumed-role":
+        return account, "role", rest.split("/")[0]
+    return account, kind, rest.split("/")[-1]
+
+
+def admin_problems(cfg: StackConfig, caller_arn: str) -> list[str]:
+    """The deployer already gets an access entry as cluster creator; a second one fails CreateAccessEntry."""
+    me = principal(caller_arn)
+    return [f"{KEY}adminRoleArns: {arn} is the identity running Pulumi ({caller_arn}), which EKS already makes "
+            "cluster admin as the cluster creator; a second access entry for it fails CreateAccessEntry after the "
+            "cluster exists. Remove it from the list"
+            for arn in cfg.admin_role_arns if me is not None and principal(arn) == me]
+
+
+def quota_problems(needed: dict[tuple[str, str], int], quotas: dict[tuple[str, str], float]) -> list[str]:
+    problems = []
+    for family, vcpus in needed.items():
+        code, name = VCPU_QUOTAS[family]
+        if family in quotas and quotas[family] < vcpus:
+            problems.append(
+                f"{KEY}gpuNodeCount: the stack runs {vcpus} vCPUs of \"{name}\" but the account's quota ({code}) is "
+                f"{quotas[family]:.0f}; node groups would fail to launch after the cluster exists. Request an "
+                f"increase: `aws service-quotas request-service-quota-increase --service-code ec2 --quota-code {code} "
+                f"--desired-value {vcpus}`, or lower gpuNodeCount")
+    return problems
+
+
+# --- lookups -------------------------------------------------------------------------------------------
+
+def lookup_zones(invoke: pulumi.InvokeOptions) -> list[Zone]:
+    result = aws.get_availability_zones(
+        state="available", filters=[aws.GetAvailabilityZonesFilterArgs(name="opt-in-status",
+                                                                       values=["opt-in-not-required"])],
+        opts=invoke)
+    return [Zone(name, zone_id) for name, zone_id in zip(result.names, result.zone_ids)]
+
+
+def lookup_offered_zone_ids(instance_type: str, invoke: pulumi.InvokeOptions) -> set[str]:
+    result = aws.ec2.get_instance_type_offerings(
+        location_type="availability-zone-id",
+        filters=[aws.ec2.GetInstanceTypeOfferingsFilterArgs(name="instance-type", values=[instance_type])],
+        opts=invoke)
+    return set(result.locations)
+
+
+def lookup_reservation(cfg: StackConfig, invoke: pulumi.InvokeOptions) -> Reservation | None:
+    rid = cfg.capacity_reservation_id
+    if rid is None:
+        return None
+    if cfg.capacity_type == "CAPACITY_BLOCK":
+        block = aws.ec2.get_capacity_block_reservation(id=rid, opts=invoke)
+        return Reservation(rid, "Capacity Block", block.availability_zone, block.instance_type,
+                           int(block.instance_count), block.state, block.instance_platform or "Linux/UNIX",
+                           block.start_date)
+    # No pulumi_aws data source reads an On-Demand Capacity Reservation; Cloud Control does.
+    found = json.loads(aws.cloudcontrol.get_resource(type_name="AWS::EC2::CapacityReservation", identifier=rid,
+                                                     opts=invoke).properties)
+    return Reservation(rid, "capacity reservation", found["AvailabilityZone"], found["InstanceType"],
+                       int(found.get("TotalInstanceCount", found.get("InstanceCount", 0))),
+                       found.get("State", "active"), found.get("InstancePlatform", "Linux/UNIX"))
+
+
+def lookup_quotas(needed: dict[tuple[str, str], int], invoke: pulumi.InvokeOptions) -> dict[tuple[str, str], float]:
+    """The account's vCPU quotas; one that cannot be read (no servicequotas:GetServiceQuota) is skipped."""
+    quotas = {}
+    for family in needed:
+        code, name = VCPU_QUOTAS[family]
+        try:
+            quotas[family] = float(aws.servicequotas.get_service_quota(service_code="ec2", quota_code=code,
+                                                                        opts=invoke).value)
+        except Exception as err:  # noqa: BLE001 - any failure to read a quota only skips this check
+            pulumi.log.warn(f"could not read the EC2 quota \"{name}\" ({code}): {err}; check it in Service Quotas")
+    return quotas
+
+
+def survey(cfg: StackConfig, invoke: pulumi.InvokeOptions, *, reaches_aws: bool) -> Site:
+    """Every lookup and check; raises PreflightError naming each problem and its fix."""
+    problems = list(cfg.placeholders) if reaches_aws else []
+    zones = lookup_zones(invoke)
+    reservation = lookup_reservation(cfg, invoke)
+    if reservation:
+        problems += reservation_problems(cfg, reservation)
+    gpu = choose_gpu_zone(cfg, zones, lookup_offered_zone_ids(cfg.gpu_node_type, invoke), reservation)
+    caller = aws.get_caller_identity(opts=invoke).arn
+    problems += admin_problems(cfg, caller)
+    needed = vcpus_needed(cfg)
+    problems += quota_problems(needed, lookup_quotas(needed, invoke))
+    if problems:
+        raise PreflightError(problems)
+    return Site(gpu, network_zones(zones, gpu), caller)
