@@ -18,7 +18,8 @@ VCPU_QUOTAS = {
 }
 USAGE_BASED = (
     f"NAT gateway data processing ${catalog.NAT_GATEWAY_PER_GB}/GB (S3 bypasses it through the gateway endpoint)",
-    f"control-plane logs ${catalog.LOG_INGESTION_PER_GB}/GB ingested + ${catalog.LOG_STORAGE_PER_GB_MONTH}/GB-month stored",
+    f"control-plane logs ${catalog.LOG_INGESTION_PER_GB:.2f}/GB ingested + ${catalog.LOG_STORAGE_PER_GB_MONTH:.2f}/GB-month "
+    "stored",
     "data transfer out of AWS",
 )
 

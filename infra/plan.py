@@ -16,11 +16,13 @@ from typing import Any
 
 import yaml
 
-from infra import offline
+from infra import config as stack_config
+from infra import offline, stack_file
 from infra.autoscaling import SCALE_DOWN_UNNEEDED_MINUTES
 from infra.config import ConfigError
-from infra.cost import PARTS
-from infra.program import PlacementError
+from infra.cost import PARTS, USAGE_BASED, cost_warnings
+from infra.preflight import PreflightError
+from infra.stack_file import StackFileError
 from workloads.image import is_placeholder
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -39,6 +41,8 @@ KEY_SETTINGS = {
     "aws:ec2/placementGroup:PlacementGroup": ("strategy",),
     "aws:eks/addon:Addon": ("addonName",),
     "aws:s3/bucket:Bucket": ("bucket", "bucketPrefix"),
+    "aws:ec2/vpcEndpoint:VpcEndpoint": ("serviceName", "vpcEndpointType"),
+    "aws:cloudwatch/logGroup:LogGroup": ("name", "retentionInDays"),
     "kubernetes:helm.sh/v3:Release": ("chart", "version", "namespace"),
     "kubernetes:ray.io/v1:RayCluster": ("metadata.name",),
     "pulumi-python:dynamic/raytrain:PinnedImage": ("image",),
@@ -47,16 +51,19 @@ K8S_OBJECT_FIELDS = ("apiVersion", "kind", "metadata", "spec", "data", "stringDa
                      "roleRef", "automountServiceAccountToken")
 
 
-def read_stack_file(stack: str, root: Path | None = None) -> dict[str, Any]:
+def stack_path(stack: str, root: Path | None = None) -> Path:
     root = root or REPO_ROOT
     path = root / f"Pulumi.{stack}.yaml"
     if not path.exists():
         known = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in root.glob("Pulumi.*.yaml"))
         raise FileNotFoundError(f"--stack {stack}: {path.name} not found; known stacks: {', '.join(known) or 'none'}")
-    data = yaml.safe_load(path.read_text()) or {}
-    config = data.get("config") or {}
-    return {key: ("[secret]" if isinstance(value, dict) and "secure" in value else value)
-            for key, value in config.items()}
+    return path
+
+
+def read_stack_file(stack: str, root: Path | None = None) -> dict[str, Any]:
+    """The config: section of Pulumi.<stack>.yaml; secret values read as "[secret]"."""
+    parsed = stack_file.read(stack_path(stack, root))
+    return {**parsed.config, **{key: "[secret]" for key in parsed.secrets}}
 
 
 def _get(inputs: dict, dotted: str):
@@ -97,15 +104,18 @@ def render_table(result: offline.PlanResult) -> str:
 
 def render_cost(cost: dict[str, Any], *, idle_minutes: int | None = None) -> str:
     """The parts and the total; with scale-to-zero also the idle price and how soon idle GPUs stop billing."""
-    lines = ["Estimated cost per hour (on-demand list prices, us-east-1):"]
-    lines += [f"  {name:<13} ${cost[name]:>8.2f}" for name in PARTS if name in cost]
+    lines = [f"Estimated cost per hour (us-east-1 list prices; GPU nodes: {cost.get('pricing', 'On-Demand list price')}):"]
+    lines += [f"  {name:<17} ${cost[name]:>8.2f}" for name in PARTS if name in cost]
+    usage = "  Not included, billed by use: " + "; ".join(USAGE_BASED) + "."
     if cost.get("mode") != "scale-to-zero":
-        lines.append(f"  {'total':<13} ${cost['total']:>8.2f}  (~${cost['total'] * 24:,.0f}/day while up)")
+        lines.append(f"  {'total':<17} ${cost['total']:>8.2f}  (~${cost['total'] * 24:,.0f}/day while up)")
+        lines.append(usage)
         lines.append("  The GPU nodes bill while idle too: set raytrain-eks:scaleToZero to true, or `pulumi destroy`.")
         return "\n".join(lines)
-    lines.append(f"  {'total':<13} ${cost['total']:>8.2f}  while training, every GPU node up")
-    lines.append(f"  {'idle total':<13} ${cost['idleTotal']:>8.2f}  between jobs, GPU nodes scaled to zero "
+    lines.append(f"  {'total':<17} ${cost['total']:>8.2f}  while training, every GPU node up")
+    lines.append(f"  {'idle total':<17} ${cost['idleTotal']:>8.2f}  between jobs, GPU nodes scaled to zero "
                  f"(~${cost['idleTotal'] * 24:,.0f}/day)")
+    lines.append(usage)
     if idle_minutes is not None:
         lines.append(f"  Idle GPU nodes stop billing about {idle_minutes + SCALE_DOWN_UNNEEDED_MINUTES} min after the "
                      f"last Ray task ({idle_minutes} min Ray idle timeout + {SCALE_DOWN_UNNEEDED_MINUTES} min "
@@ -162,9 +172,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write resources.json and one YAML per Kubernetes object here")
     args = parser.parse_args(argv)
     try:
-        raw = read_stack_file(args.stack)
-        result = offline.run(raw, stack=args.stack)
-    except (ConfigError, PlacementError, FileNotFoundError) as err:
+        stack = stack_file.read(stack_path(args.stack))
+        if problems := stack_file.secret_problems(stack, stack_config.PROJECT):
+            raise StackFileError(stack.path, problems)
+        try:
+            cfg = stack_config.load(stack.config, stack=args.stack)
+        except ConfigError as err:
+            raise ConfigError([stack_file.locate(p, stack) for p in err.problems]) from None
+        result = offline.run(stack.config, stack=args.stack)
+    except (ConfigError, PreflightError, StackFileError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(NOTICE)
@@ -172,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     print(render_table(result))
     print()
     print(render_cost(result.outputs["estimatedCostPerHour"], idle_minutes=ray_idle_minutes(result)))
+    warnings = [*(f"placeholder: {p} (`pulumi preview` refuses it)" for p in cfg.placeholders), *cost_warnings(cfg)]
+    if warnings:
+        print("\nWarnings:")
+        print("\n".join(f"  - {w}" for w in warnings))
     if is_placeholder(result.outputs.get("dlcImage", "")):
         print(f"\nDLC image: {result.outputs['dlcImage']}\n  (placeholder digest: `pulumi preview` resolves the "
               "configured tag through the registry and keeps the digest in the stack state)")

@@ -25,7 +25,7 @@ def main(*, offline: bool = False) -> dict[str, pulumi.Output]:
     # before the image is pinned and before any resource is registered.
     lookups = aws.Provider("aws-preflight", **provider_args)
     site = preflight.survey(cfg, pulumi.InvokeOptions(provider=lookups), reaches_aws=not offline)
-    for warning in cost_warnings(cfg):
+    for warning in () if offline else cost_warnings(cfg):  # the offline plan prints them itself
         pulumi.log.warn(warning)
     # Pinned next, and every AWS resource waits on it (through the provider): a tag that cannot be
     # resolved stops `pulumi up` before anything billable exists.

@@ -52,12 +52,13 @@ def test_gpu_nodes_use_only_the_private_subnet_of_the_gpu_az(dev):
     assert "private" in subnet.name
 
 
-def test_gpu_az_is_picked_from_the_offerings_and_the_configured_one_is_checked():
+def test_gpu_az_is_picked_from_the_offerings_by_zone_id_and_the_configured_one_is_checked():
     mocks = offline.RecordingMocks("us-east-1", offered_zones=["us-east-1c", "us-east-1d"])
     result = run_stack(mocks=mocks)
     assert result.outputs["gpuAvailabilityZone"] == "us-east-1c"
+    assert result.outputs["gpuAvailabilityZoneId"] == "use1-az6"
     token, args = next(c for c in result.calls if "getInstanceTypeOfferings" in c[0])
-    assert args["filters"][0]["values"] == ["g6.12xlarge"] and args["locationType"] == "availability-zone"
+    assert args["filters"][0]["values"] == ["g6.12xlarge"] and args["locationType"] == "availability-zone-id"
     # the control plane still gets a second AZ
     assert len({s.inputs["availabilityZone"] for s in result.of_type(SUBNET)}) == 2
 
@@ -197,9 +198,13 @@ def test_bucket_is_versioned_encrypted_private_and_cleans_uploads(dev):
     assert rule["applyServerSideEncryptionByDefault"]["sseAlgorithm"] == "aws:kms"
     block = dev.one("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock").inputs
     assert all(block[k] is True for k in ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets"))
-    (lifecycle,) = dev.one("aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration").inputs["rules"]
-    assert lifecycle["abortIncompleteMultipartUpload"] == {"daysAfterInitiation": 7}
-    assert lifecycle["status"] == "Enabled"
+    uploads, versions = dev.one("aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration").inputs["rules"]
+    assert uploads["abortIncompleteMultipartUpload"] == {"daysAfterInitiation": 7}
+    assert uploads["status"] == versions["status"] == "Enabled"
+    # Ray deletes old checkpoints: in a versioned bucket they live on as noncurrent versions until expired
+    assert versions["noncurrentVersionExpiration"] == {"noncurrentDays": 3}
+    assert versions["expiration"] == {"expiredObjectDeleteMarker": True}
+    assert versions["filter"] == {"prefix": ""}
     policy = json.loads(dev.one("aws:s3/bucketPolicy:BucketPolicy").inputs["policy"])
     assert policy["Statement"][0]["Effect"] == "Deny"
     assert dev.one("aws:s3/bucket:Bucket").inputs["forceDestroy"] is False
@@ -245,7 +250,7 @@ def test_irsa_role_trusts_only_the_ray_service_account_and_reaches_only_the_buck
 # --- tags and outputs ------------------------------------------------------------
 
 def test_user_tags_reach_every_taggable_aws_resource(dev):
-    provider = dev.one("pulumi:providers:aws")
+    provider = dev.one("pulumi:providers:aws", "aws")
     assert json.loads(provider.inputs["defaultTags"])["tags"]["team"] == "ml"  # provider inputs are JSON strings
     taggable = [r for r in dev.resources if r.type.startswith("aws:") and "tags" in r.inputs]
     assert len(taggable) >= 20
@@ -266,7 +271,8 @@ def test_stack_outputs(dev):
     assert "kubeconfig" in dev.secret_outputs and "clusterName" not in dev.secret_outputs
     cost = out["estimatedCostPerHour"]
     assert cost["gpuNodes"] == pytest.approx(2 * 4.6016)
-    assert cost["total"] == pytest.approx(sum(v for k, v in cost.items() if k != "total"))
+    assert cost["total"] == pytest.approx(sum(v for k, v in cost.items() if k not in ("total", "pricing")))
+    assert cost["pricing"] == "On-Demand list price"
 
 
 def test_p5_stack_costs_more_and_scales_the_launch_template(p5):

@@ -149,6 +149,8 @@ def test_unknown_gpu_type_lists_the_supported_ones():
         assert name in problem
 
 
-def test_keys_of_other_namespaces_are_not_ours_to_judge():
-    cfg = load({**GOOD, "aws:profile": "dev", "kubernetes:context": "x"}, stack="dev")
-    assert cfg.region == "us-east-1"
+def test_aws_and_pulumi_settings_are_read_and_other_namespaces_refused():
+    cfg = load({**GOOD, "aws:profile": "dev", "pulumi:tags": {"team": "ml"}}, stack="dev")
+    assert cfg.region == "us-east-1" and dict(cfg.aws_settings) == {"profile": "dev"}
+    problems = problems_for(**{"kubernetes:context": "x"})
+    assert any(p.startswith("kubernetes:context: namespace 'kubernetes' is read by nothing") for p in problems)

@@ -19,7 +19,7 @@ def test_plan_command_prints_resources_cost_and_writes_files(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "placeholders" in proc.stdout and "pulumi preview" in proc.stdout
     assert "aws:eks.NodeGroup" in proc.stdout and "gpu-ng" in proc.stdout
-    assert "total" in proc.stdout and "$    9.55" in proc.stdout
+    assert "total" in proc.stdout and "$    9.60" in proc.stdout
     data = json.loads((tmp_path / "resources.json").read_text())
     types = {r["type"] for r in data["resources"]}
     assert {"aws:eks/cluster:Cluster", "aws:eks/nodeGroup:NodeGroup", "aws:ec2/launchTemplate:LaunchTemplate"} <= types

@@ -336,9 +336,9 @@ def test_cost_while_training_and_while_idle(runs, stack_name, gpu_price):
     assert cost["mode"] == "scale-to-zero"
     assert cost["gpuNodes"] == pytest.approx(2 * gpu_price)
     assert cost["total"] == pytest.approx(sum(cost[k] for k in PARTS))
-    idle = cost["systemNodes"] + cost["controlPlane"] + cost["natGateway"]
-    assert cost["idleTotal"] == pytest.approx(idle) == pytest.approx(0.2016 + 0.10 + 0.045)
-    assert cost["total"] - cost["idleTotal"] == pytest.approx(2 * gpu_price)
+    idle = sum(cost[k] for k in PARTS if k not in ("gpuNodes", "gpuRootVolumes"))
+    assert cost["idleTotal"] == pytest.approx(idle) == pytest.approx(0.2016 + 0.0055 + 0.10 + 0.045 + 0.005)
+    assert cost["total"] - cost["idleTotal"] == pytest.approx(2 * gpu_price + cost["gpuRootVolumes"])
 
 
 def test_plan_prints_the_training_and_idle_prices(tmp_path, monkeypatch, capsys):
@@ -347,14 +347,14 @@ def test_plan_prints_the_training_and_idle_prices(tmp_path, monkeypatch, capsys)
     monkeypatch.setattr(plan, "REPO_ROOT", tmp_path)
     assert plan.main(["--stack", "z", "--out", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"total +\$ +9\.55 +while training", out)
-    assert re.search(r"idle total +\$ +0\.35 +between jobs", out)
+    assert re.search(r"total +\$ +9\.60 +while training", out)
+    assert re.search(r"idle total +\$ +0\.36 +between jobs", out)
     assert "about 12 min after the last Ray task (7 min Ray idle timeout + 5 min Cluster Autoscaler" in out
     assert "aws:autoscaling.Tag" in out and "minSize=0 maxSize=2" in out
     release = yaml.safe_load((tmp_path / "out/helm/release-cluster-autoscaler.yaml").read_text())
     assert release["version"] == "9.59.0" and release["namespace"] == "kube-system"
     resources = json.loads((tmp_path / "out/resources.json").read_text())
-    assert resources["outputs"]["estimatedCostPerHour"]["idleTotal"] == pytest.approx(0.3466)
+    assert resources["outputs"]["estimatedCostPerHour"]["idleTotal"] == pytest.approx(0.3571)
 
 
 def test_plan_without_scale_to_zero_says_idle_gpus_bill(capsys):
@@ -383,7 +383,7 @@ def test_fixed_size_stack_has_none_of_it(fixed_dev):
     assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 2
     assert "annotations" not in group["template"]["metadata"]
     assert [v["name"] for v in spec["headGroupSpec"]["template"]["spec"]["volumes"]] == ["ray-tmp"]
-    assert set(result.outputs["estimatedCostPerHour"]) == {*PARTS, "total"}
+    assert set(result.outputs["estimatedCostPerHour"]) == {*PARTS, "total", "pricing"}
     assert "clusterAutoscalerRoleArn" not in result.outputs
 
 

@@ -233,7 +233,7 @@ def test_the_p5_stack_is_configuration_only():
 
 def test_the_plan_writes_the_raycluster_and_the_releases(tmp_path, raycluster_schema, capsys):
     assert plan.main(["--stack", "p5", "--out", str(tmp_path)]) == 0
-    assert "$  110.43" in capsys.readouterr().out
+    assert "$  110.48" in capsys.readouterr().out
     written = {p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.yaml")}
     assert {"kubernetes/raycluster-raytrain.yaml", "kubernetes/serviceaccount-ray-train.yaml",
             "kubernetes/namespace-ray.yaml", f"kubernetes/namespace-{charts.OPERATOR_NAMESPACE}.yaml",
