@@ -70,6 +70,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
             placement_group=placement_group_name,
             capacity_reservation_id=cfg.capacity_reservation_id,
             tags=tags,
+            capacity_block=cfg.capacity_type == "CAPACITY_BLOCK",
         ), opts=child)
 
         self.node_group = aws.eks.NodeGroup(
@@ -77,7 +78,8 @@ class GpuNodeGroup(pulumi.ComponentResource):
             cluster_name=cluster_name,
             node_role_arn=node_role_arn,
             subnet_ids=[subnet_id],
-            instance_types=[cfg.gpu_node_type],
+            # A launch template that names the instance type (Capacity Blocks) forbids instanceTypes here.
+            instance_types=None if cfg.capacity_type == "CAPACITY_BLOCK" else [cfg.gpu_node_type],
             ami_type="AL2023_x86_64_NVIDIA",
             capacity_type=cfg.capacity_type,
             labels=autoscaling.gpu_labels(cfg),

@@ -41,7 +41,9 @@ def efa_interfaces(gpu: GpuInstanceType, security_group_ids: list) -> list[dict]
 
 
 def gpu_launch_template(gpu: GpuInstanceType, *, security_group_ids: list, placement_group: str | None,
-                        capacity_reservation_id: str | None, tags: dict[str, str]) -> dict:
+                        capacity_reservation_id: str | None, tags: dict[str, str],
+                        capacity_block: bool = False) -> dict:
+    """With a Capacity Block, EKS wants the market type and the instance type in the launch template itself."""
     args = {
         "network_interfaces": efa_interfaces(gpu, security_group_ids),
         "metadata_options": metadata_options(),
@@ -54,6 +56,9 @@ def gpu_launch_template(gpu: GpuInstanceType, *, security_group_ids: list, place
     if capacity_reservation_id:
         args["capacity_reservation_specification"] = {
             "capacity_reservation_target": {"capacity_reservation_id": capacity_reservation_id}}
+    if capacity_block:
+        args["instance_market_options"] = {"market_type": "capacity-block"}
+        args["instance_type"] = gpu.name
     return args
 
 

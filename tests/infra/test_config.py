@@ -118,6 +118,35 @@ BAD = [
     ({"scaleToZero": True, "kubernetesVersion": "1.34", "clusterAutoscalerImageTag": "v1.36.1"},
      "clusterAutoscalerImageTag", "e.g. v1.34.5"),
     ({"scaleToZer": True}, "scaleToZer", "did you mean raytrain-eks:scaleToZero"),
+    # AWS's own rules (infra.aws_rules), each a value AWS would refuse mid-apply
+    ({"aws:region": "us-east-7"}, "aws:region", "not a region where AWS offers EKS"),
+    ({"aws:region": "eu-west-9"}, "aws:region", "did you mean"),
+    ({"aws:regin": "us-east-1"}, "aws:regin", "did you mean aws:region?"),
+    ({"raytrain_eks:gpuNodeType": "p5.48xlarge"}, "raytrain_eks:gpuNodeType", "did you mean raytrain-eks:gpuNodeType?"),
+    ({"aws:accessKey": "AKIA0000000000000000"}, "aws:accessKey", "static credentials"),
+    ({"aws:allowedAccountIds": ["12345"]}, "aws:allowedAccountIds", "12-digit AWS account ID"),
+    ({"aws:maxRetries": "many"}, "aws:maxRetries", "not an integer"),
+    ({"apiAccessCidrs": ["10.1.2.3/32"]}, "apiAccessCidrs", "private (RFC 1918)"),
+    ({"apiAccessCidrs": ["100.64.0.1/32"]}, "apiAccessCidrs", "shared address space"),
+    ({"apiAccessCidrs": ["127.0.0.1/32"]}, "apiAccessCidrs", "loopback"),
+    ({"apiAccessCidrs": ["2001:db8::/64"]}, "apiAccessCidrs", "IPv4 CIDRs only"),
+    ({"apiAccessCidrs": ["0.0.0.0/1", "128.0.0.0/1"]}, "apiAccessCidrs", "together cover 0.0.0.0/0"),
+    ({"apiAccessCidrs": ["0.0.0.0/2", "64.0.0.0/2", "128.0.0.0/1"]}, "apiAccessCidrs", "together cover 0.0.0.0/0"),
+    ({"checkpointBucket": "team..ml"}, "checkpointBucket", "two adjacent dots"),
+    ({"checkpointBucket": "xn--ckpt"}, "checkpointBucket", "prefix S3 reserves"),
+    ({"checkpointBucket": "ckpt-s3alias"}, "checkpointBucket", "suffix S3 reserves"),
+    ({"checkpointBucket": "192.168.1.1"}, "checkpointBucket", "IP address"),
+    ({"checkpointBucket": "a" * 64}, "checkpointBucket", "3 to 63"),
+    ({"tags": {f"t{i}": "x" for i in range(46)}}, "tags", "exceed AWS's 50 tags per resource"),
+    ({"tags": {"team": "ml"}, "aws:defaultTags": {"tags": {f"d{i}": "x" for i in range(45)}}}, "tags", "keep at most 45"),
+    ({"tags": {"owner": "me!"}}, "tags", "S3 and IAM tags allow only"),
+    ({"tags": {"owner": "x" * 257}}, "tags", "at most 256"),
+    ({"aws:defaultTags": {"tags": {"owner": "a&b"}}}, "aws:defaultTags", "S3 and IAM tags allow only"),
+    ({"capacityType": "CAPACITY_BLOCK"}, "capacityType", "needs the Capacity Block's reservation"),
+    ({"availabilityZone": "use1-az"}, "availabilityZone", "zone ID such as use1-az4"),
+    ({"controlPlaneLogRetentionDays": 10}, "controlPlaneLogRetentionDays", "1, 3, 5, 7, 14, 30"),
+    ({"noncurrentVersionExpirationDays": 0}, "noncurrentVersionExpirationDays", "out of range"),
+    ({"costWarningPerDay": "lots"}, "costWarningPerDay", "positive amount of US dollars"),
 ]
 
 
@@ -154,3 +183,36 @@ def test_aws_and_pulumi_settings_are_read_and_other_namespaces_refused():
     assert cfg.region == "us-east-1" and dict(cfg.aws_settings) == {"profile": "dev"}
     problems = problems_for(**{"kubernetes:context": "x"})
     assert any(p.startswith("kubernetes:context: namespace 'kubernetes' is read by nothing") for p in problems)
+
+
+@pytest.mark.parametrize("stack,why", [("team.ml", "holds characters EKS refuses"), ("s" * 90, "EKS allows 1 to 100")])
+def test_a_default_cluster_name_eks_would_refuse_is_an_error_naming_the_stack(stack, why):
+    with pytest.raises(ConfigError) as info:
+        load(GOOD, stack=stack)
+    (problem,) = info.value.problems
+    assert problem.startswith("raytrain-eks:clusterName: not set") and f"stack {stack!r}" in problem and why in problem
+    assert "pulumi config set raytrain-eks:clusterName" in problem
+    assert load({**GOOD, "raytrain-eks:clusterName": "team-ml"}, stack=stack).cluster_name == "team-ml"
+
+
+def test_repeated_admin_arns_are_kept_once():
+    arn = "arn:aws:iam::123456789012:role/Admin"
+    cfg = load({**GOOD, "raytrain-eks:adminRoleArns": [arn, "arn:aws:iam::123456789012:role/Ops", arn]}, stack="dev")
+    assert cfg.admin_role_arns == (arn, "arn:aws:iam::123456789012:role/Ops")
+
+
+def test_documentation_ranges_plan_as_placeholders_and_public_ranges_do_not():
+    cfg = load(GOOD, stack="dev")
+    (placeholder,) = cfg.placeholders
+    assert placeholder.startswith("raytrain-eks:apiAccessCidrs: 203.0.113.10/32 is a documentation range")
+    assert "checkip.amazonaws.com" in placeholder
+    public = load({**GOOD, "raytrain-eks:apiAccessCidrs": ["52.94.0.0/22", "8.8.8.8/32"]}, stack="dev")
+    assert public.placeholders == () and public.api_access_cidrs == ("52.94.0.0/22", "8.8.8.8/32")
+
+
+def test_capacity_blocks_and_zone_ids_are_accepted():
+    cfg = load({**GOOD, "raytrain-eks:capacityType": "CAPACITY_BLOCK", "raytrain-eks:gpuNodeType": "p5.48xlarge",
+                "raytrain-eks:capacityReservationId": "cr-0123456789abcdef0",
+                "raytrain-eks:availabilityZone": "use1-az6"}, stack="p5")
+    assert cfg.capacity_type == "CAPACITY_BLOCK" and cfg.availability_zone == "use1-az6"
+    assert cfg.placement_group is False
