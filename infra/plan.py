@@ -189,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(render_cost(result.outputs["estimatedCostPerHour"], idle_minutes=ray_idle_minutes(result)))
     warnings = [*(f"placeholder: {p} (`pulumi preview` refuses it)" for p in cfg.placeholders), *cost_warnings(cfg)]
+    if cfg.capacity_reservation_id:
+        warnings.append(f"offline: capacity reservation {cfg.capacity_reservation_id} is assumed to hold "
+                        f"{cfg.gpu_node_count} x {cfg.gpu_node_type} in {result.outputs['gpuAvailabilityZone']}; "
+                        "`pulumi preview` reads the real one")
     if warnings:
         print("\nWarnings:")
         print("\n".join(f"  - {w}" for w in warnings))

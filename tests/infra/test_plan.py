@@ -60,3 +60,45 @@ def test_pulumi_program_does_not_need_torch():
     assert proc.returncode == 0, proc.stderr
     requirements = [line for line in (REPO / "requirements.txt").read_text().splitlines() if not line.startswith("#")]
     assert not [line for line in requirements if line.startswith(("torch", "ray", "transformers"))]
+
+
+def _plan(tmp_path, monkeypatch, capsys, **config) -> str:
+    (tmp_path / "Pulumi.c.yaml").write_text(yaml.safe_dump({"config": {
+        "aws:region": "us-east-1", "raytrain-eks:apiAccessCidrs": ["203.0.113.10/32"],
+        **{f"raytrain-eks:{k}": v for k, v in config.items()}}}))
+    monkeypatch.setattr(plan, "REPO_ROOT", tmp_path)
+    assert plan.main(["--stack", "c"]) == 0
+    return capsys.readouterr().out
+
+
+def test_a_costly_plan_warns_with_the_daily_cost_and_the_quota(tmp_path, monkeypatch, capsys):
+    out = _plan(tmp_path, monkeypatch, capsys, gpuNodeType="p5.48xlarge", gpuNodeCount=64)
+    assert "this stack costs about $84,584 per day ($3,524.32/hour)" in out
+    assert 'It needs 12288 vCPUs of "Running On-Demand P instances" (L-417A185B)' in out
+    quiet = _plan(tmp_path, monkeypatch, capsys, gpuNodeType="p5.48xlarge", gpuNodeCount=64, costWarningPerDay=100000)
+    assert "this stack costs about" not in quiet
+
+
+def test_a_spot_estimate_says_what_it_is(tmp_path, monkeypatch, capsys):
+    out = _plan(tmp_path, monkeypatch, capsys, capacityType="SPOT", placementGroup=False)
+    assert "GPU nodes: SPOT priced at the On-Demand list price, an upper bound" in out
+    assert "cost estimate: SPOT priced at the On-Demand list price" in out
+
+
+def test_p5e_price_is_marked_as_an_estimate(tmp_path, monkeypatch, capsys):
+    out = _plan(tmp_path, monkeypatch, capsys, gpuNodeType="p5e.48xlarge")
+    assert "estimate: AWS publishes no us-east-1 On-Demand price for p5e.48xlarge" in out
+
+
+def test_usage_based_charges_are_named_not_hidden(tmp_path, monkeypatch, capsys):
+    out = _plan(tmp_path, monkeypatch, capsys)
+    assert "gpuRootVolumes" in out and "natPublicIpv4" in out
+    assert "Not included, billed by use: NAT gateway data processing $0.045/GB" in out
+    assert "control-plane logs $0.50/GB ingested" in out
+
+
+def test_a_reservation_plans_offline_as_if_it_matched(tmp_path, monkeypatch, capsys):
+    out = _plan(tmp_path, monkeypatch, capsys, capacityReservationId="cr-0123456789abcdef0",
+                availabilityZone="us-east-1c")
+    assert ("offline: capacity reservation cr-0123456789abcdef0 is assumed to hold 2 x g6.12xlarge in "
+            "us-east-1c; `pulumi preview` reads the real one") in out
