@@ -128,6 +128,8 @@ class RecordingMocks(pulumi.runtime.Mocks):
             from workloads.image import placeholder_outputs  # the DLC pin: a placeholder digest, flagged
 
             outputs.update(placeholder_outputs(args.inputs))
+        elif args.typ == "aws:iam/openIdConnectProvider:OpenIdConnectProvider":
+            outputs["arn"] = f"arn:aws:iam::{ACCOUNT}:oidc-provider/{str(args.inputs.get('url', '')).removeprefix('https://')}"
         elif args.typ == "aws:iam/role:Role":
             outputs["arn"] = f"arn:aws:iam::{ACCOUNT}:role/{args.name}"
             outputs.setdefault("name", args.name)

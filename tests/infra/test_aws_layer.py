@@ -236,7 +236,8 @@ def test_irsa_role_trusts_only_the_ray_service_account_and_reaches_only_the_buck
     role = dev.one("aws:iam/role:Role", "checkpoints-irsa")
     (statement,) = json.loads(role.inputs["assumeRolePolicy"])["Statement"]
     assert statement["Action"] == "sts:AssumeRoleWithWebIdentity"
-    assert statement["Principal"]["Federated"].endswith("cluster-oidc")
+    assert statement["Principal"]["Federated"] == (
+        "arn:aws:iam::123456789012:oidc-provider/oidc.eks.us-east-1.amazonaws.com/id/PLACEHOLDER")
     conditions = statement["Condition"]["StringEquals"]
     assert set(conditions.values()) == {"system:serviceaccount:ray:ray-train", "sts.amazonaws.com"}
     policy = json.loads(dev.one("aws:iam/rolePolicy:RolePolicy", "checkpoints-irsa-s3").inputs["policy"])

@@ -272,7 +272,8 @@ def test_cluster_autoscaler_may_resize_only_this_clusters_groups(runs):
     assert all(s["Effect"] == "Allow" for s in policy["Statement"])
     actions = [a for s in policy["Statement"] for a in s["Action"]]
     assert not [a for a in actions if "*" in a]
-    reads = set(by_sid["DescribeNodeGroups"]["Action"])
+    reads = {*by_sid["DescribeNodeGroups"]["Action"], *by_sid["DescribeOwnNodeGroups"]["Action"]}
+    assert by_sid["DescribeOwnNodeGroups"]["Resource"] == "arn:aws:eks:*:*:nodegroup/raytrain-eks-dev/*/*"
     assert all(re.match(r"^(autoscaling|ec2|eks):(Describe|Get)", a) for a in reads), reads
     assert {"eks:DescribeNodegroup", "ec2:DescribeInstanceTypes", "ec2:DescribeLaunchTemplateVersions"} <= reads
     scale = by_sid["ResizeOwnNodeGroupsOnly"]
@@ -284,7 +285,7 @@ def test_cluster_autoscaler_may_resize_only_this_clusters_groups(runs):
     asg = {t.inputs["tag"]["key"]: t.inputs["tag"]["value"] for t in r.result.of_type(ASG_TAG)}
     for key, value in condition.items():
         assert asg[key.removeprefix("aws:ResourceTag/")] == value
-    other = json.loads(iam.cluster_autoscaler_policy("someone-else"))["Statement"][1]["Condition"]["StringEquals"]
+    other = json.loads(iam.cluster_autoscaler_policy("someone-else"))["Statement"][2]["Condition"]["StringEquals"]
     assert "aws:ResourceTag/k8s.io/cluster-autoscaler/raytrain-eks-dev" not in other
 
 
