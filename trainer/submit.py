@@ -40,6 +40,7 @@ PORT_FORWARD_TIMEOUT_S = 30.0
 DEFAULT_NAMESPACE = "ray"
 DEFAULT_SERVICE = "raytrain-head-svc"
 DEFAULT_RAYCLUSTER = "raytrain"
+CHECKPOINT_ENV = "CHECKPOINT_URI"  # the head's default storage (trainer.launch.storage_default)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED = 0, 1, 2, 3
 
@@ -244,10 +245,12 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
 JOB_CONFIG = "job.yaml"
 
 
-def submit(client, *, cfg, pip: list[str], env: dict[str, str]) -> str:
+def submit(client, *, cfg, pip: list[str], env: dict[str, str], cluster_storage: bool = False) -> str:
     """Submit (or resubmit) the run; a finished job of the same name is replaced, a running one is refused.
 
     The job runs exactly the configuration validated here: it travels as job.yaml beside the package.
+    With `cluster_storage` the storage path is left out of it, so the cluster's default applies
+    (CHECKPOINT_URI on the head, see trainer.launch.storage_default).
     """
     import yaml
     from ray.job_submission import JobStatus
@@ -263,7 +266,10 @@ def submit(client, *, cfg, pip: list[str], env: dict[str, str]) -> str:
         client.delete_job(run_name)
     with tempfile.TemporaryDirectory(prefix="trainer-job-") as folder:
         working_dir = stage_package(Path(folder))
-        (working_dir / JOB_CONFIG).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        job_config = cfg.to_dict()
+        if cluster_storage:
+            del job_config["storage_path"]
+        (working_dir / JOB_CONFIG).write_text(yaml.safe_dump(job_config, sort_keys=False))
         return submit_when_ready(
             client,
             entrypoint=shlex.join(["python", "-m", "trainer", "train", "--config", JOB_CONFIG]),
@@ -464,22 +470,37 @@ def main(argv: list[str]) -> int:
             defaults = {"storage_path": outputs["checkpointBucketUri"]} if "checkpointBucketUri" in outputs else None
             cfg = train_config.from_args(argparse.Namespace(**training), defaults)
             cfg = dataclass_replace(cfg, run_name=cfg.resolved_run_name)
+            cluster_storage = defaults is None and not _storage_chosen(args, training)
             if not args.address:
-                problems = _remote_problems(cfg)
+                problems = [p for p in _remote_problems(cfg)
+                            if not (cluster_storage and p.startswith(train_config.flag("storage_path")))]
                 if problems:
                     raise train_config.ConfigError(problems)
             env = job_environment(cfg, args.require_efa, parse_env(args.env))
         except (train_config.ConfigError, SubmitError) as err:
             print(f"error: {err}", file=sys.stderr)
             return EXIT_USAGE
-        return _submit_and_follow(args, target, cfg, env)
+        return _submit_and_follow(args, target, cfg, env, cluster_storage)
 
 
-def _submit_and_follow(args: argparse.Namespace, target: Target | None, cfg, env: dict[str, str]) -> int:
+def _storage_chosen(args: argparse.Namespace, flags: dict) -> bool:
+    """Did --storage-path/--out, or the --config file, name the storage? If not, the cluster's default applies."""
+    from trainer import config as train_config
+
+    if "storage_path" in flags or "out" in flags:
+        return True
+    keys = {str(k).replace("-", "_") for k in train_config.load_yaml(args.config)} if args.config else set()
+    return bool(keys & {"storage_path", "out"})
+
+
+def _submit_and_follow(args: argparse.Namespace, target: Target | None, cfg, env: dict[str, str],
+                       cluster_storage: bool = False) -> int:
     try:
         with connect(args, target) as client:
-            job_id = submit(client, cfg=cfg, pip=args.pip, env=env)
-            print(f"Submitted run {job_id}: checkpoints, metrics and the exported model go to {cfg.run_uri}")
+            job_id = submit(client, cfg=cfg, pip=args.pip, env=env, cluster_storage=cluster_storage)
+            where = (f"the cluster's {CHECKPOINT_ENV}/{job_id} (the stack's bucket; {cfg.run_uri} on a cluster "
+                     f"without it)" if cluster_storage else cfg.run_uri)
+            print(f"Submitted run {job_id}: checkpoints, metrics and the exported model go to {where}")
             if args.no_wait:
                 print(f"Follow it with `python -m trainer logs {job_id}`; stop it with `python -m trainer stop {job_id}`.")
                 return EXIT_OK

@@ -45,16 +45,28 @@ def job_args(demo_assets, trainer_cache, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def succeeded(ray_cluster, job_args):
+    """No --storage-path: the run goes where the cluster's CHECKPOINT_URI says, as on the RayCluster's head."""
     storage, args = job_args
+    at = args.index("--storage-path")
+    args = [*args[:at], *args[at + 2:], "--env", f"CHECKPOINT_URI={storage}"]
     proc = cli("submit", "--address", ray_cluster.dashboard_url, "--run-name", "submit-ok", *args,
                env=ray_cluster.client_env())
     return proc, storage / "submit-ok"
 
 
+def test_the_default_storage_is_named_the_same_on_both_sides():
+    from trainer import launch, submit
+    from workloads import raycluster
+
+    assert launch.CHECKPOINT_ENV == submit.CHECKPOINT_ENV == raycluster.CHECKPOINT_ENV == "CHECKPOINT_URI"
+    assert launch.storage_default({"CHECKPOINT_URI": "s3://b"}) == {"storage_path": "s3://b"}
+    assert launch.storage_default({}) is None
+
+
 def test_a_submitted_job_streams_its_logs_and_succeeds(succeeded):
     proc, run = succeeded
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "Submitted run submit-ok" in proc.stdout
+    assert "Submitted run submit-ok" in proc.stdout and "the cluster's CHECKPOINT_URI/submit-ok" in proc.stdout
     assert "done: run folder" in proc.stdout  # the job's own output, streamed back
     assert "Run submit-ok: SUCCEEDED" in proc.stderr
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [2, 4]

@@ -20,6 +20,7 @@ PINNED = re.compile(r"@sha256:[0-9a-f]{64}$")
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
 RAYCLUSTER = "kubernetes:ray.io/v1:RayCluster"
 RELEASE = "kubernetes:helm.sh/v3:Release"
+NETPOL = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
 DIGEST_IMAGE = "public.ecr.aws/deep-learning-containers/ray@sha256:" + "5e" * 32
 
 
@@ -71,7 +72,7 @@ def test_declares_every_kubernetes_object_through_one_provider(run):
     objects = kubernetes(run)
     assert sorted(r.type for r in objects) == sorted([
         "kubernetes:core/v1:Namespace", "kubernetes:core/v1:Namespace", "kubernetes:core/v1:ServiceAccount",
-        RELEASE, RELEASE, RELEASE, RAYCLUSTER])
+        NETPOL, NETPOL, RELEASE, RELEASE, RELEASE, RAYCLUSTER])
     for r in objects:
         (reg,) = [g for g in run.registrations.values() if g.type == r.type and g.name == r.name]
         assert reg.provider.startswith(provider_urn + "::"), r.name
@@ -237,6 +238,7 @@ def test_the_plan_writes_the_raycluster_and_the_releases(tmp_path, raycluster_sc
     written = {p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.yaml")}
     assert {"kubernetes/raycluster-raytrain.yaml", "kubernetes/serviceaccount-ray-train.yaml",
             "kubernetes/namespace-ray.yaml", f"kubernetes/namespace-{charts.OPERATOR_NAMESPACE}.yaml",
+            "kubernetes/networkpolicy-default-deny-ingress.yaml", "kubernetes/networkpolicy-raytrain-ray-ingress.yaml",
             "helm/release-nvidia-device-plugin.yaml", "helm/release-aws-efa-k8s-device-plugin.yaml",
             "helm/release-kuberay-operator.yaml"} == written
     cluster = yaml.safe_load((tmp_path / "kubernetes/raycluster-raytrain.yaml").read_text())
@@ -247,3 +249,71 @@ def test_the_plan_writes_the_raycluster_and_the_releases(tmp_path, raycluster_sc
     assert (operator["chart"], operator["version"], operator["repository"]) == (
         "kuberay-operator", "1.7.0", charts.KUBERAY_REPOSITORY)
     assert operator["values"]["nodeSelector"] == {"role": "system"}
+
+
+# --- NetworkPolicies: only the Ray cluster reaches its pods --------------------------------------------------
+
+def test_the_ray_namespace_denies_ingress_but_between_ray_pods(run):
+    cfg = stack_config(run.result.outputs["clusterName"].rsplit("-", 1)[-1])
+    policies = {r.inputs["metadata"]["name"]: r.inputs for r in run.result.of_type(NETPOL)}
+    assert set(policies) == {"default-deny-ingress", "raytrain-ray-ingress"}
+    deny = policies["default-deny-ingress"]
+    assert deny["metadata"]["namespace"] == cfg.ray_namespace
+    assert deny["spec"] == {"podSelector": {}, "policyTypes": ["Ingress"]}
+    ray = policies["raytrain-ray-ingress"]["spec"]
+    # KubeRay v1.7.0 labels every pod of a RayCluster ray.io/cluster=<name> (utils.RayClusterLabelKey)
+    assert ray["podSelector"] == {"matchLabels": {"ray.io/cluster": cfg.ray_cluster_name}}
+    among_ray, operator = ray["ingress"]
+    assert among_ray == {"from": [{"podSelector": ray["podSelector"]}]}
+    assert operator["from"] == [{"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": charts.OPERATOR_NAMESPACE}}}]
+    assert operator["ports"] == [{"protocol": "TCP", "port": 8265}]
+    deps = run.registrations[run.urn(RAYCLUSTER, "ray-raycluster")].dependencies
+    assert {run.urn(NETPOL, f"ray-netpol-{name}") for name in policies} <= deps  # in force before any Ray pod
+
+
+def test_the_vpc_cni_enforces_network_policies(run):
+    (vpc_cni,) = [r for r in run.result.of_type("aws:eks/addon:Addon") if r.inputs["addonName"] == "vpc-cni"]
+    assert json.loads(vpc_cni.inputs["configurationValues"]) == {"enableNetworkPolicy": "true"}
+    others = [r for r in run.result.of_type("aws:eks/addon:Addon") if r.inputs["addonName"] != "vpc-cni"]
+    assert others and all("configurationValues" not in r.inputs for r in others)
+
+
+# --- scaleToZero: a stack update never takes the worker group from the autoscaler --------------------------
+
+@pytest.fixture(scope="module")
+def autoscaled_registrations():
+    """The RayCluster's registration as the engine gets it, replaceOnChanges and deleteBeforeReplace included."""
+    seen = {}
+    original = offline._RecordingMonitor.RegisterResource
+
+    def record(self, request):
+        response = original(self, request)
+        if request.type == RAYCLUSTER:
+            seen["ray"] = request
+        return response
+
+    offline._RecordingMonitor.RegisterResource = record
+    try:
+        run = run_stack("dev", **{"raytrain-eks:scaleToZero": True})
+    finally:
+        offline._RecordingMonitor.RegisterResource = original
+    return run, seen["ray"]
+
+
+def test_an_update_leaves_the_worker_group_to_the_autoscaler(autoscaled_registrations):
+    """pulumi-kubernetes' SSA update drops an ignoreChanges field another manager owns, or resends the live value
+    (provider/pkg/await/await.go handleSSAIgnoreFields): never the declared list without the autoscaler's replicas."""
+    run, request = autoscaled_registrations
+    assert list(request.ignoreChanges) == ["spec.workerGroupSpecs"]
+    assert list(request.replaceOnChanges) == ['metadata.annotations["raytrain.io/worker-group-sha256"]']
+    assert request.deleteBeforeReplace is True
+    inputs = offline.plain(run.result.one(RAYCLUSTER).inputs)
+    assert inputs["metadata"]["annotations"] == {
+        raycluster.WORKER_GROUP_DIGEST: raycluster.worker_group_digest(inputs["spec"])}
+
+
+def test_fixed_clusters_keep_pulumi_owning_the_worker_group(dev_run):
+    reg = dev_run.registrations[dev_run.urn(RAYCLUSTER, "ray-raycluster")]
+    assert reg.ignore_changes == ()
+    assert "annotations" not in dev_run.result.one(RAYCLUSTER).inputs["metadata"]
