@@ -114,8 +114,8 @@ def test_the_autoscaler_image_follows_the_kubernetes_minor(kubernetes):
 
 def test_an_image_tag_with_a_digest_is_kept_as_given():
     pinned = "v1.36.1@sha256:" + "0f" * 32
-    cfg = config(scaleToZero=True, clusterAutoscalerImageTag=pinned, clusterAutoscalerVersion="9.47.0")
-    assert cfg.cluster_autoscaler_image_tag == pinned and cfg.cluster_autoscaler_version == "9.47.0"
+    cfg = config(scaleToZero=True, clusterAutoscalerImageTag=pinned, clusterAutoscalerVersion="9.54.0")
+    assert cfg.cluster_autoscaler_image_tag == pinned and cfg.cluster_autoscaler_version == "9.54.0"
     assert charts.cluster_autoscaler(cfg, role_arn="arn:x").values["image"]["tag"] == pinned
 
 
