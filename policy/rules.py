@@ -460,9 +460,33 @@ def _pod_specs(value: Any, path: str) -> Iterable[tuple[str, Mapping[str, Any]]]
             yield from _pod_specs(child, f"{path}[{i}]")
 
 
+HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
+DIGEST_SUFFIX = re.compile(r"@sha256:[0-9a-f]{64}$")
+
+
+def _release_image(props: Mapping[str, Any], found: "_Findings") -> None:
+    """A Helm release's `image` values ({repository, tag}, as these charts take them) render repository:tag."""
+    image = _get(props, "values", "image")
+    if image is UNKNOWN:
+        found.not_known("values.image")
+        return
+    if not isinstance(image, Mapping):
+        found.fail("values.image is not set: the chart would run its default image, pinned by tag only; "
+                   "set image.repository and image.tag to <tag>@sha256:<64 hex>")
+        return
+    tag = _get(image, "tag")
+    if tag is UNKNOWN:
+        found.not_known("values.image.tag")
+    elif not isinstance(tag, str) or not DIGEST_SUFFIX.search(tag):
+        found.fail(f"values.image.tag {tag!r} is not pinned by digest; use <tag>@sha256:<64 hex>")
+
+
 def images_by_digest(resource_type: str, props: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
     """A tag can be moved to other bytes; a digest cannot. Every container image is repo@sha256:<64 hex>."""
     found = _Findings()
+    if resource_type == HELM_RELEASE:
+        _release_image(props, found)
+        return found.result()
     if not resource_type.startswith("kubernetes:"):
         return []
     for path, pod in _pod_specs(props, ""):

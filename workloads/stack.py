@@ -23,6 +23,7 @@ import pulumi_kubernetes as k8s
 
 from infra.config import StackConfig
 from workloads import charts, network_policy, raycluster
+from workloads import image as dlc_image
 
 IRSA_ANNOTATION = charts.IRSA_ANNOTATION
 # Pod Security Admission: refuses privileged, hostNetwork and hostPath pods in the Ray namespace.
@@ -87,14 +88,26 @@ class RayWorkloads(pulumi.ComponentResource):
                 timeout=HELM_TIMEOUT_S,
                 opts=in_cluster(*also))
 
+        self.image_pins: dict[str, list[pulumi.Resource]] = {}
+
+        def pinned(chart_name: str) -> pulumi.Output[str]:
+            """The chart's image pinned by digest, resolved at preview and kept in state like the DLC image."""
+            reference, pins = dlc_image.pin(
+                charts.image_to_pin(cfg, chart_name), name=f"{name}-{chart_name}-image",
+                subject=f"the {chart_name} chart's image ({charts.IMAGE_SOURCE})",
+                opts=pulumi.ResourceOptions(parent=self))
+            self.image_pins[chart_name] = pins
+            return reference
+
         for chart in charts.releases(cfg):
-            release(chart, chart.values, *([operator_namespace] if chart.namespace == charts.OPERATOR_NAMESPACE else []))
+            values = pinned(chart.release).apply(lambda ref, c=chart: charts.with_pinned_image(c, cfg, ref))
+            release(chart, values, *([operator_namespace] if chart.namespace == charts.OPERATOR_NAMESPACE else []))
         if cfg.scale_to_zero:
             # After the node groups and their ASG tags, like everything in the cluster, so it goes before
             # any node group on destroy; after its role's policy, so it starts able to act.
             release(charts.cluster_autoscaler(cfg, role_arn=""),
-                    pulumi.Output.from_input(autoscaler_role_arn).apply(
-                        lambda arn: charts.cluster_autoscaler(cfg, role_arn=arn).values),
+                    pulumi.Output.all(autoscaler_role_arn, pinned("cluster-autoscaler")).apply(
+                        lambda a: charts.with_pinned_image(charts.cluster_autoscaler(cfg, role_arn=a[0]), cfg, a[1])),
                     *autoscaler_dependencies)
 
         self.network_policies = [

@@ -451,3 +451,23 @@ def test_bad_config_names_the_setting_and_the_fix(rule, config, expected):
 
 def test_config_from_the_engine_integer_floats_and_enforcement_level_are_accepted():
     assert BY_NAME["max-gpu-nodes"].config({"maxGpuNodes": 2.0, "enforcementLevel": "advisory"}) == {"maxGpuNodes": 2}
+
+
+# --- images-by-digest: the Helm releases' images --------------------------------------------------------
+
+HELM = "kubernetes:helm.sh/v3:Release"
+
+
+def test_a_helm_release_image_pinned_by_digest_passes():
+    values = {"image": {"repository": "quay.io/kuberay/operator", "tag": "v1.7.0@sha256:" + "ab" * 32}}
+    assert check("images-by-digest", HELM, {"chart": "kuberay-operator", "values": values}) == []
+
+
+@pytest.mark.parametrize("values, says", [
+    ({}, "values.image is not set"),
+    ({"image": {"repository": "quay.io/kuberay/operator", "tag": "v1.7.0"}}, "'v1.7.0' is not pinned by digest"),
+    ({"image": {"repository": "nvcr.io/nvidia/k8s-device-plugin"}}, "None is not pinned by digest"),
+])
+def test_a_helm_release_image_by_tag_only_is_refused(values, says):
+    (message,) = check("images-by-digest", HELM, {"chart": "x", "values": values})
+    assert says in message

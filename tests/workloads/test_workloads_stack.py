@@ -85,7 +85,9 @@ def test_helm_releases_carry_chart_version_repository_and_values(run):
         inputs = recorded[spec.release]
         assert (inputs["chart"], inputs["version"], inputs["repositoryOpts"], inputs["namespace"]) == (
             spec.chart, spec.version, {"repo": spec.repository}, spec.namespace)
-        assert inputs["values"] == spec.values
+        pinned = f"{charts.chart_image(cfg, spec.release)[0]}@{image.PLACEHOLDER_DIGEST}"
+        assert inputs["values"] == charts.with_pinned_image(spec, cfg, pinned)
+        assert inputs["values"]["image"]["tag"].endswith("@" + image.PLACEHOLDER_DIGEST)
         assert inputs["atomic"] is True  # a failed install is rolled back, not left half-created
 
 
@@ -111,7 +113,8 @@ def test_ray_namespace_and_irsa_service_account(run):
 
 def test_dlc_image_is_pinned_by_a_dynamic_resource_and_exported(run):
     cfg = stack_config(run.result.outputs["clusterName"].rsplit("-", 1)[-1])
-    (pin,) = [r for r in run.result.resources if r.type == "pulumi-python:dynamic/raytrain:PinnedImage"]
+    (pin,) = [r for r in run.result.resources
+              if r.type == "pulumi-python:dynamic/raytrain:PinnedImage" and r.name == "dlc-image"]
     assert pin.inputs["image"] == cfg.dlc_image == "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1"
     assert "__provider" in pin.inputs  # the pickled ImageDigestProvider travels in state
     exported = run.result.outputs["dlcImage"]
@@ -213,7 +216,8 @@ def test_aws_layer_waits_for_addons_policies_and_nat_route(dev_run):
 
 def test_a_configured_digest_is_used_as_is():
     run = run_stack("dev", dlcImage=DIGEST_IMAGE)
-    assert not [r for r in run.result.resources if r.type.startswith("pulumi-python:dynamic")]
+    pins = {r.name for r in run.result.resources if r.type.startswith("pulumi-python:dynamic")}
+    assert pins == {f"ray-{c}-image" for c in ("nvidia-device-plugin", "aws-efa-k8s-device-plugin", "kuberay-operator")}
     assert run.result.outputs["dlcImage"] == DIGEST_IMAGE
     spec = run.result.one(RAYCLUSTER).inputs["spec"]
     images = {spec["headGroupSpec"]["template"]["spec"]["containers"][0]["image"],
@@ -317,3 +321,28 @@ def test_fixed_clusters_keep_pulumi_owning_the_worker_group(dev_run):
     reg = dev_run.registrations[dev_run.urn(RAYCLUSTER, "ray-raycluster")]
     assert reg.ignore_changes == ()
     assert "annotations" not in dev_run.result.one(RAYCLUSTER).inputs["metadata"]
+
+
+# --- the charts' images, pinned like the DLC image ------------------------------------------------------
+
+def test_every_charts_image_is_pinned_by_a_dynamic_resource(run):
+    cfg = stack_config(run.result.outputs["clusterName"].rsplit("-", 1)[-1])
+    pins = {r.name: r for r in run.result.resources if r.type == "pulumi-python:dynamic/raytrain:PinnedImage"}
+    for chart in charts.releases(cfg):
+        pin = pins[f"ray-{chart.release}-image"]
+        assert pin.inputs["image"] == charts.image_to_pin(cfg, chart.release)
+        assert pin.inputs["__provider"]  # the provider travels in state, so the digest is kept there
+        reg = run.registrations[run.urn("kubernetes:helm.sh/v3:Release", f"ray-{chart.release}")]
+        assert run.urn("pulumi-python:dynamic/raytrain:PinnedImage", pin.name) in reg.dependencies
+
+
+def test_the_autoscaler_image_is_pinned_too_and_a_given_digest_is_kept():
+    run = run_stack("dev", **{"raytrain-eks:scaleToZero": True})
+    values = {r.inputs["name"]: r.inputs["values"] for r in run.result.of_type(RELEASE)}
+    assert values["cluster-autoscaler"]["image"] == {
+        "repository": charts.AUTOSCALER_IMAGE, "tag": "v1.36.1@" + image.PLACEHOLDER_DIGEST}
+    given = "v1.36.1@sha256:" + "0f" * 32
+    run = run_stack("dev", **{"raytrain-eks:scaleToZero": True, "raytrain-eks:clusterAutoscalerImageTag": given})
+    values = {r.inputs["name"]: r.inputs["values"] for r in run.result.of_type(RELEASE)}
+    assert values["cluster-autoscaler"]["image"]["tag"] == given
+    assert "ray-cluster-autoscaler-image" not in {r.name for r in run.result.resources}
