@@ -14,6 +14,9 @@ CONTROL_PLANE_LOGS = ["api", "audit", "authenticator"]
 # Installed before any node joins (networking), or after the system nodes (coredns needs a node).
 EARLY_ADDONS = ("vpc-cni", "kube-proxy")
 LATE_ADDONS = ("coredns",)
+# The VPC CNI enforces Kubernetes NetworkPolicies (workloads/network_policy.py) only with its
+# network policy agent on (EKS user guide, cni-network-policy).
+ADDON_CONFIGURATION = {"vpc-cni": {"enableNetworkPolicy": "true"}}
 
 
 def kubeconfig(cluster_name: str, endpoint: str, ca_data: str, region: str) -> str:
@@ -81,6 +84,8 @@ class EksCluster(pulumi.ComponentResource):
         self.early_addons = [
             aws.eks.Addon(f"{name}-{addon}", cluster_name=self.cluster.name, addon_name=addon,
                           resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="OVERWRITE",
+                          configuration_values=(json.dumps(ADDON_CONFIGURATION[addon])
+                                                if addon in ADDON_CONFIGURATION else None),
                           tags=tags, opts=child)
             for addon in EARLY_ADDONS
         ]

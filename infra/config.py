@@ -42,6 +42,9 @@ KNOWN_NAMESPACES = ("aws", "pulumi")
 # The most tags the program adds to one resource: project and stack, plus Name and the two Kubernetes
 # subnet tags on a subnet. AWS allows 50 per resource.
 PROJECT_TAGS_PER_RESOURCE = 5
+# Cluster Autoscaler 1.35 and 1.36 wait for informers on resource.k8s.io (DRA) objects; charts before
+# 9.54.0 grant no RBAC for them, so the autoscaler starts but never scales (kubernetes/autoscaler chart history).
+MIN_CLUSTER_AUTOSCALER_CHART_FOR = {"1.34": (9, 47, 0), "1.35": (9, 54, 0), "1.36": (9, 54, 0)}
 SCALE_TO_ZERO_KEYS = ("gpuIdleTimeoutMinutes", "clusterAutoscalerVersion", "clusterAutoscalerImageTag")
 
 _DIGEST_IMAGE = re.compile(r"^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+@sha256:[0-9a-f]{64}$")
@@ -576,7 +579,16 @@ def _check_scale_to_zero(values: dict[str, Any], ours: Mapping[str, Any], prefix
             f"{prefix}scaleToZero: a capacity reservation (capacityReservationId) bills its instances whether they "
             "run or not, so scaling the GPU nodes to zero saves nothing; remove the reservation or set scaleToZero "
             "to false")
-    tag, kubernetes = values["clusterAutoscalerImageTag"], values["kubernetesVersion"]
+    chart, kubernetes = values["clusterAutoscalerVersion"], values["kubernetesVersion"]
+    floor = MIN_CLUSTER_AUTOSCALER_CHART_FOR.get(kubernetes or "")
+    chart_match = _SEMVER.match(chart) if chart else None
+    if floor and chart_match and tuple(int(g) for g in chart_match.groups()) < floor:
+        problems.append(
+            f"{prefix}clusterAutoscalerVersion: chart {chart} is older than {'.'.join(map(str, floor))}, the first "
+            f"whose ClusterRole lets Cluster Autoscaler {kubernetes} watch resource.k8s.io (DRA) objects; with it the "
+            f"autoscaler starts but never scales. Use {DEFAULT_CLUSTER_AUTOSCALER_CHART} (or at least "
+            f"{'.'.join(map(str, floor))})")
+    tag = values["clusterAutoscalerImageTag"]
     match = _CA_IMAGE_TAG.match(tag) if tag else None
     if match and kubernetes and f"{match.group(1)}.{match.group(2)}" != kubernetes:
         problems.append(

@@ -460,9 +460,33 @@ def _pod_specs(value: Any, path: str) -> Iterable[tuple[str, Mapping[str, Any]]]
             yield from _pod_specs(child, f"{path}[{i}]")
 
 
+HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
+DIGEST_SUFFIX = re.compile(r"@sha256:[0-9a-f]{64}$")
+
+
+def _release_image(props: Mapping[str, Any], found: "_Findings") -> None:
+    """A Helm release's `image` values ({repository, tag}, as these charts take them) render repository:tag."""
+    image = _get(props, "values", "image")
+    if image is UNKNOWN:
+        found.not_known("values.image")
+        return
+    if not isinstance(image, Mapping):
+        found.fail("values.image is not set: the chart would run its default image, pinned by tag only; "
+                   "set image.repository and image.tag to <tag>@sha256:<64 hex>")
+        return
+    tag = _get(image, "tag")
+    if tag is UNKNOWN:
+        found.not_known("values.image.tag")
+    elif not isinstance(tag, str) or not DIGEST_SUFFIX.search(tag):
+        found.fail(f"values.image.tag {tag!r} is not pinned by digest; use <tag>@sha256:<64 hex>")
+
+
 def images_by_digest(resource_type: str, props: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
     """A tag can be moved to other bytes; a digest cannot. Every container image is repo@sha256:<64 hex>."""
     found = _Findings()
+    if resource_type == HELM_RELEASE:
+        _release_image(props, found)
+        return found.result()
     if not resource_type.startswith("kubernetes:"):
         return []
     for path, pod in _pod_specs(props, ""):
@@ -476,6 +500,103 @@ def images_by_digest(resource_type: str, props: Mapping[str, Any], config: Mappi
                     name = _get(container, "name", default="?")
                     found.fail(f"{where} ({name}) image {image!r} is not pinned by digest; "
                                "use registry/repository@sha256:<64 hex>")
+    return found.result()
+
+
+# --- rule: Ray pods run least-privileged ------------------------------------------------
+
+SECCOMP_CONFINED = ("RuntimeDefault", "Localhost")
+
+
+def _ray_pod_templates(spec: Any, where: str, found: "_Findings") -> Iterable[tuple[str, Any]]:
+    if spec is UNKNOWN:
+        found.not_known(where)
+        return
+    yield f"{where}.headGroupSpec.template.spec", _get(spec, "headGroupSpec", "template", "spec")
+    for i, group in enumerate(_items(_get(spec, "workerGroupSpecs"), f"{where}.workerGroupSpecs", found)):
+        yield f"{where}.workerGroupSpecs[{i}].template.spec", _get(group, "template", "spec")
+
+
+def _check_container_privileges(container: Any, where: str, found: "_Findings") -> None:
+    security = _get(container, "securityContext")
+    if security is UNKNOWN:
+        found.not_known(f"{where}.securityContext")
+        return
+    security = security if isinstance(security, Mapping) else {}
+    drop, add = _get(security, "capabilities", "drop"), _get(security, "capabilities", "add")
+    listed = [*(drop if isinstance(drop, list) else [drop]), *(add if isinstance(add, list) else [add])]
+    if UNKNOWN in listed:
+        found.not_known(f"{where}.securityContext.capabilities")
+    elif "ALL" not in (drop or []) or add:
+        found.fail(f"{where}: capabilities must drop ALL and add none (drop={drop}, add={add})")
+    escalation, privileged = security.get("allowPrivilegeEscalation"), security.get("privileged")
+    if UNKNOWN in (escalation, privileged):
+        found.not_known(f"{where}.securityContext")
+    elif escalation is not False or privileged is True:
+        found.fail(f"{where}: set allowPrivilegeEscalation false and privileged false")
+
+
+def ray_pods_least_privileged(resource_type: str, props: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
+    """Ray needs no Linux capability: its containers drop ALL, cannot escalate, and run under a seccomp profile."""
+    if resource_type not in RAY_CLUSTER_SPECS:
+        return []
+    found = _Findings()
+    path = RAY_CLUSTER_SPECS[resource_type]
+    spec = _get(props, *path)
+    where = ".".join(path)
+    for pod_path, pod in _ray_pod_templates(spec, where, found):
+        if pod is UNKNOWN:
+            found.not_known(pod_path)
+            continue
+        seccomp = _get(pod, "securityContext", "seccompProfile", "type")
+        for i, container in enumerate(_items(_get(pod, "containers"), f"{pod_path}.containers", found)):
+            own = _get(container, "securityContext", "seccompProfile", "type")
+            if UNKNOWN in (seccomp, own):
+                found.not_known(f"{pod_path}.securityContext.seccompProfile")
+            elif (own or seccomp) not in SECCOMP_CONFINED:
+                found.fail(f"{pod_path}.containers[{i}]: no seccomp profile (set the pod's "
+                           "securityContext.seccompProfile.type to RuntimeDefault)")
+            _check_container_privileges(container, f"{pod_path}.containers[{i}]", found)
+    if spec is not UNKNOWN and _get(spec, "autoscalerOptions") not in (None, UNKNOWN):
+        _check_container_privileges(_get(spec, "autoscalerOptions"), f"{where}.autoscalerOptions", found)
+    return found.result()
+
+
+# --- stack rule: the Ray namespace denies ingress by default ------------------------------
+
+NETWORK_POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
+
+
+def _denies_all_ingress(policy: Resource) -> bool | None:
+    spec = _get(policy.props, "spec")
+    if spec is UNKNOWN:
+        return None
+    selector, types, ingress = (_get(spec, "podSelector"), _get(spec, "policyTypes"), _get(spec, "ingress"))
+    if UNKNOWN in (selector, types, ingress):
+        return None
+    return selector in ({}, None) and "Ingress" in (types or []) and not ingress
+
+
+def ray_namespace_default_deny(resources: Sequence[Resource], config: Mapping[str, Any]) -> list[Violation]:
+    """The Jobs API is remote code execution behind a token: inside the cluster only Ray's own pods reach it."""
+    found = _Findings()
+    clusters = [r for r in resources if r.type in RAY_CLUSTER_SPECS]
+    policies = [r for r in resources if r.type == NETWORK_POLICY]
+    for cluster in clusters:
+        namespace = _get(cluster.props, "metadata", "namespace")
+        if namespace is UNKNOWN:
+            found.not_known(f"{cluster.name}.metadata.namespace")
+            continue
+        verdicts = [_denies_all_ingress(p) for p in policies
+                    if _get(p.props, "metadata", "namespace") in (namespace, UNKNOWN)]
+        if True in verdicts:
+            continue
+        if None in verdicts:
+            found.not_known(f"NetworkPolicies of namespace {namespace}")
+            continue
+        found.fail(Violation(f"{cluster.type} {cluster.name}: namespace {namespace!r} has no NetworkPolicy denying "
+                             "all ingress by default (podSelector {}, policyTypes [Ingress], no rules); every pod of "
+                             "the cluster can reach the Ray Jobs API", cluster.urn))
     return found.result()
 
 
@@ -757,6 +878,12 @@ RULES: tuple[Rule, ...] = (
     Rule("nodes-in-private-subnets",
          "Node groups only use subnets that do not map public IPs on launch.",
          "stack", nodes_in_private_subnets),
+    Rule("ray-pods-least-privileged",
+         "Ray containers drop all Linux capabilities, cannot escalate privileges and run under a seccomp profile.",
+         "resource", ray_pods_least_privileged),
+    Rule("ray-namespace-default-deny",
+         "A RayCluster's namespace has a NetworkPolicy that denies all ingress by default.",
+         "stack", ray_namespace_default_deny),
 )
 
 BY_NAME: dict[str, Rule] = {r.name: r for r in RULES}

@@ -63,13 +63,20 @@ def rank_log(host: str, pid: int, rank: int, *, net: str = "efa", n_nodes: int =
         ]
         net_name = "Libfabric"
     elif net == "socket":
+        # aws-ofi-nccl 1.20.0 (src/nccl_ofi_net.cpp, nccl_ofi_rdma.cpp): each protocol reports
+        # "No eligible providers" as INFO, then the plugin gives up; NCCL 2.29 moves on to IB, then Socket.
         lines += [
             t + "NET/Plugin: Loaded net plugin Libfabric (v10)",
             t + "NET/OFI Initializing aws-ofi-nccl 1.20.0",
-            _ts(w + "NET/OFI No eligible providers were found"),
+            t + "NET/OFI No eligible providers were found",
+            t + "NET/OFI No eligible providers were found",
+            _ts(w + "NET/OFI Unable to find a protocol that worked.  Failing initialization."),
             _ts(w + "NET/OFI aws-ofi-nccl initialization failed"),
+            t + "Failed to initialize NET plugin Libfabric",
             t + "NET/IB : No device found.",
             t + f"NET/Socket : Using [0]eth0:{ip}<0>",
+            t + "Initialized NET plugin Socket",
+            t + "Assigned NET plugin Socket to comm",
             t + "Using network Socket",
         ]
         net_name = "Socket"
@@ -287,9 +294,11 @@ def test_fallback_evidence_includes_ofi_warnings(tmp_path):
     (r,) = report.ranks
     assert r.transport is Transport.SOCKET
     messages = [e.message for e in r.evidence]
-    assert messages[0] == "Using network Socket"
-    assert "NET/OFI No eligible providers were found" in messages
+    assert messages[0] == "Using network Socket" and "Assigned NET plugin Socket to comm" in messages
+    assert "NET/OFI No eligible providers were found" not in messages  # an INFO on the way, not the failure
+    assert "NET/OFI Unable to find a protocol that worked.  Failing initialization." in messages
     assert "NET/OFI aws-ofi-nccl initialization failed" in messages
+    assert "Failed to initialize NET plugin Libfabric" in messages
     assert any("via NET/Socket/0" in m for m in messages)
 
 
@@ -437,7 +446,8 @@ def _own_file(tmp_path: Path, lines: list[str]) -> dict:
 
 
 def _other_node(host: str, first_rank: int, **kw):
-    return (host, efa.analyze_lines(node_log(host, first_rank, **kw)).ranks)
+    """What another host's rank shares in the all-gather: its host, its verdicts, its missing files."""
+    return (host, efa.analyze_lines(node_log(host, first_rank, **kw)).ranks, ())
 
 
 def test_gathered_efa_on_two_nodes_is_required_and_passes(tmp_path):
@@ -471,3 +481,170 @@ def test_require_setting_values():
     assert efa.require_setting("1", 1) and not efa.require_setting("0", 8)
     with pytest.raises(ValueError, match="TRAINER_REQUIRE_EFA='maybe'"):
         efa.require_setting("maybe", 2)
+
+
+# --- the wording of other releases (read from aws/aws-ofi-nccl and NVIDIA/nccl at each tag) ----------
+
+def _prefixed(host: str, pid: int, dev: int, messages: list[str]) -> list[str]:
+    return [f"{host}:{pid}:{pid + 41} [{dev}] NCCL INFO {m}" for m in messages]
+
+
+# (what, messages of one rank of a two-node job, expected transport). Each message is verbatim
+# from the format strings at the named tags; only the values are filled in.
+RELEASE_LOGS = [
+    ("aws-ofi-nccl v0.9.2 + NCCL 2.4.8: layered EFA provider name, Ring lines, no 'Using network'", [
+        "NET/OFI Selected Provider is efa;ofi_rxr",
+        "NET/Socket : Using [0]eth0:10.0.1.23<0>",
+        "Ring 00 : 3 -> 4 [send] via NET/AWS Libfabric/0",
+        "Ring 00 : 7 -> 0 [receive] via NET/AWS Libfabric/0",
+    ], Transport.EFA),
+    ("aws-ofi-nccl v1.6.0 + NCCL 2.10.3: 'Selected Provider' with nics, hex bus ids", [
+        "NET/OFI Using aws-ofi-nccl 1.6.0",
+        "NET/OFI Selected Provider is efa (found 4 nics)",
+        "NET/Socket : Using [0]eth0:10.0.1.23<0>",
+        "Using network AWS Libfabric",
+        "comm 0x55d3c9a0 rank 3 nranks 8 cudaDev 3 busId 3e000 - Init START",
+        "Channel 00 : 3[3e000] -> 4[10000] [send] via NET/AWS Libfabric/0/GDRDMA",
+    ], Transport.EFA),
+    ("aws-ofi-nccl v1.7.4-aws + NCCL 2.18.5: plugin v6 loaded, benign CollNet symbol lookups", [
+        "NET/Plugin: Failed to find ncclCollNetPlugin_v6 symbol.",
+        "NET/Plugin: Loaded net plugin AWS Libfabric (v6)",
+        "NET/OFI Initializing aws-ofi-nccl 1.7.4-aws",
+        "NET/OFI Selected Provider is efa (found 1 nics)",
+        "Using network AWS Libfabric",
+        "Channel 00/0 : 3[3] -> 4[0] [send] via NET/AWS Libfabric/0",
+    ], Transport.EFA),
+    ("aws-ofi-nccl v1.13.0 + NCCL 2.21.5 with NCCL_NET=OFI: the plugin calls itself OFI", [
+        "NET/Plugin: Loaded net plugin OFI (v8)",
+        "NET/OFI Initializing aws-ofi-nccl 1.13.0",
+        "NET/OFI Selected Provider is efa (found 1 nics)",
+        "Using network OFI",
+        "Channel 00/0 : 3[3] -> 4[0] [send] via NET/OFI/0",
+    ], Transport.EFA),
+    ("aws-ofi-nccl v1.20.0 + NCCL 2.29.7 on g6 (no GPUDirect RDMA): RDMA finds no provider, SENDRECV does", [
+        "NET/OFI Initializing aws-ofi-nccl 1.20.0",
+        "NET/OFI No eligible providers were found",
+        "NET/OFI Selected provider is efa, fabric is efa (found 1 nics)",
+        "NET/OFI Using transport protocol SENDRECV",
+        "Initialized NET plugin Libfabric",
+        "Assigned NET plugin Libfabric to comm",
+        "Bootstrap: Using eth0:10.0.1.23<0>",
+        "NET/Socket : Using [0]eth0:10.0.1.23<0>",
+        "Using network Libfabric",
+        "comm 0x55d3c9a0 rank 3 nRanks 8 nNodes 2 localRanks 4 localRank 3 MNNVL 0",
+    ], Transport.EFA),
+    ("aws-ofi-nccl v1.20.0 + NCCL 2.29.7 on p5: libfabric 2's efa-direct fabric", [
+        "NET/OFI Selected provider is efa, fabric is efa-direct (found 32 nics)",
+        "Using network Libfabric",
+        "Channel 00/0 : 7[7] -> 8[0] [send] via NET/Libfabric/0/GDRDMA",
+    ], Transport.EFA),
+    ("NCCL 2.10.3 without the plugin: 'NET/Plugin : No plugin found'", [
+        "NET/Plugin : No plugin found (libnccl-net.so), using internal implementation",
+        "NET/IB : No device found.",
+        "NET/Socket : Using [0]eth0:10.0.1.23<0>",
+        "Using network Socket",
+    ], Transport.SOCKET),
+    ("NCCL 2.19.4 without the plugin: dlerror in the same line", [
+        "NET/Plugin : dlerror=libnccl-net.so: cannot open shared object file: No such file or directory "
+        "No plugin found (libnccl-net.so), using internal implementation",
+        "Channel 00/0 : 3[3] -> 4[0] [send] via NET/Socket/0",
+    ], Transport.SOCKET),
+    ("NCCL 2.29.7, aws-ofi-nccl failed to initialise: only the plugin failure (log cut before 'Using network')", [
+        "NET/OFI Initializing aws-ofi-nccl 1.20.0",
+        "Failed to initialize NET plugin Libfabric",
+    ], Transport.SOCKET),
+    ("aws-ofi-nccl over libfabric's TCP provider: OFI, but not EFA", [
+        "NET/OFI Selected provider is tcp;ofi_rxm, fabric is TCP-IP (found 1 nics)",
+        "Using network Libfabric",
+    ], Transport.SOCKET),
+]
+
+
+@pytest.mark.parametrize("what, messages, expected", RELEASE_LOGS, ids=[r[0].split(":")[0] for r in RELEASE_LOGS])
+def test_log_wording_of_each_release(what, messages, expected):
+    lines = _prefixed(NODE_A, 4203, 3, messages)
+    (rank,) = efa.analyze_lines(lines, "worker.out").ranks
+    assert rank.transport is expected, (what, rank.evidence)
+    if expected is Transport.EFA:
+        assert efa.enforce_efa([rank], require_efa=True) == []
+
+
+def test_bootstrap_socket_lines_alone_are_no_verdict():
+    """Bootstrap and the NET/Socket interface line are printed whatever network carries the data."""
+    lines = _prefixed(NODE_A, 4200, 0, ["Bootstrap: Using eth0:10.0.1.23<0>", "Bootstrap : Using eth0:10.0.1.23<0>",
+                                       "NET/Socket : Using [0]eth0:10.0.1.23<0>"])
+    (rank,) = efa.analyze_lines(lines).ranks
+    assert rank.transport is Transport.UNKNOWN
+
+
+def test_the_layered_provider_name_is_reported_as_efa():
+    (rank,) = efa.analyze_lines(_prefixed(NODE_A, 1, 0, RELEASE_LOGS[0][1])).ranks
+    assert rank.provider == "efa;ofi_rxr" and rank.network == "AWS Libfabric"
+    assert rank.rank == 3  # from 'Ring 00 : 3 -> 4 [send]'
+
+
+def test_the_tuner_and_profiler_not_found_lines_are_not_a_fallback():
+    lines = _prefixed(NODE_A, 1, 0, ["TUNER/Plugin: Could not find: libnccl-tuner.so. Using internal tuner plugin.",
+                                     "PROFILER/Plugin: Could not find: libnccl-profiler.so.",
+                                     "NET/OFI Selected provider is efa, fabric is efa (found 1 nics)",
+                                     "Using network Libfabric"])
+    (rank,) = efa.analyze_lines(lines).ranks
+    assert rank.transport is Transport.EFA
+
+
+# --- the debug file's directory, and why a file is missing --------------------------------------------
+
+def test_the_setup_hook_creates_the_debug_file_directory(tmp_path):
+    env = efa.nccl_debug_env(tmp_path / "fresh" / "ray" / "nccl")
+    assert efa.make_debug_file_dir(env) == tmp_path / "fresh" / "ray" / "nccl"
+    assert (tmp_path / "fresh" / "ray" / "nccl").is_dir()
+    assert efa.make_debug_file_dir({}) is None
+    assert efa.SETUP_HOOK == f"{efa.make_debug_file_dir.__module__}.{efa.make_debug_file_dir.__name__}"
+
+
+def test_the_setup_hook_never_kills_the_worker(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert efa.make_debug_file_dir(efa.nccl_debug_env(blocker / "nccl")) is None
+    assert f"cannot create {blocker / 'nccl'}" in capsys.readouterr().err
+
+
+def test_a_missing_directory_is_named_with_the_reason(tmp_path):
+    env = efa.nccl_debug_env(tmp_path / "never-made")
+    with pytest.raises(efa.EfaEvidenceMissingError) as err:
+        efa.check_own_rank(require_efa=True, environ=env)
+    message = str(err.value)
+    expected = efa.expand_nccl_debug_file(env["NCCL_DEBUG_FILE"])
+    assert f"expected NCCL debug file '{expected}'" in message
+    assert f"its directory '{tmp_path / 'never-made'}' does not exist and NCCL creates no directories" in message
+    assert "stdout" in message and efa.SETUP_HOOK in message
+
+
+def test_an_unwritable_directory_is_named_with_the_reason(tmp_path, monkeypatch):
+    folder = tmp_path / "ro"
+    folder.mkdir(mode=0o555)
+    if os.access(folder, os.W_OK):  # root writes anywhere: answer as the kernel would for the Ray user
+        monkeypatch.setattr(efa.os, "access", lambda path, mode: Path(path) != folder)
+    report = efa.check_own_rank(require_efa=False, environ=efa.nccl_debug_env(folder))
+    assert "is not writable by uid" in report.missing[0].reason
+
+
+def test_a_quiet_nccl_debug_level_is_named_as_the_reason(tmp_path):
+    env = {**efa.nccl_debug_env(tmp_path), "NCCL_DEBUG": "WARN"}
+    (missing,) = efa.check_own_rank(require_efa=False, environ=env).missing
+    assert "NCCL_DEBUG is WARN" in missing.reason and "set NCCL_DEBUG=INFO" in missing.reason
+    (missing,) = efa.check_own_rank(require_efa=False, environ=efa.nccl_debug_env(tmp_path)).missing
+    assert "no NCCL communicator has been created in this process yet" in missing.reason
+
+
+def test_a_missing_file_on_one_host_fails_the_required_check_naming_it(tmp_path):
+    """EFA on one node proves nothing about the other: every rank must show its transport."""
+    env = efa.nccl_debug_env(tmp_path / "absent")
+    report, required = efa.gather_report(lambda own: [own, _other_node(NODE_B, 4)], environ=env)
+    assert required is True and len(report.missing) == 1
+    assert any(line.startswith("EFA check: no NCCL log from host") for line in efa.verdict_lines(report))
+    with pytest.raises(efa.EfaEvidenceMissingError) as err:
+        efa.enforce_efa(report.ranks, required, missing=report.missing)
+    assert "1 of 5 rank(s) left no proof" in str(err.value)
+    assert "does not exist and NCCL creates no directories" in str(err.value)
+    assert efa.enforce_efa(report.ranks, False, missing=report.missing) == []

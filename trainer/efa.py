@@ -6,6 +6,25 @@ when the aws-ofi-nccl plugin or the EFA device is missing; the job still trains,
 
 Pure Python on purpose: it runs on a laptop against copied logs, inside a training
 rank after its first collectives, and from ``python -m trainer efa-check``.
+
+The markers follow the wording of the sources across releases, not one log at hand:
+
+- aws-ofi-nccl (src/nccl_ofi_net.c*, nccl_ofi_api.c*): "Selected Provider is %s" (v0.9-v1.4),
+  "... (found %d nics)" (v1.6-v1.13), "Selected provider is %s, fabric is %s (found %d nics)"
+  (v1.14+). Before v1.0.1 libfabric's EFA provider was layered, so the name was "efa;ofi_rxr".
+  "No eligible providers were found" is an INFO of v1.16+ printed when one protocol (RDMA) finds
+  no provider before the next (SENDRECV) is tried: not a failure on its own. A real failure ends in
+  "Unable to find a protocol that worked" (v1.13+) or "aws-ofi-nccl initialization failed".
+  The plugin is named "AWS Libfabric" (all releases), "Libfabric" (v1.13+) or "OFI" (NCCL_NET=OFI).
+- NCCL (src/init.cc, transport/net.cc, plugin/net.cc): "Using network %s" (2.7+), "Assigned NET
+  plugin %s to comm" (2.27+), "Channel %02d[/%d] : r[busId|dev] -> r[..] via NET/%s/%d" (busId in
+  hex before 2.18), "Ring %02d : a -> b via NET/%s" (2.4). The plugin missing: "NET/Plugin : No
+  plugin found" (2.7-2.21), "NET/Plugin: Could not find: ... Using internal network plugin" (2.23+);
+  its init failing: "Failed to initialize NET plugin %s" (2.27+). "NET/Socket : Using [0]eth0" and
+  "Bootstrap : Using eth0" are printed for the bootstrap network whatever carries the data.
+- NCCL_DEBUG_FILE (src/debug.cc): expanded (%h host cut at the first '.', %p pid) and opened with
+  fopen(path, "w") only when NCCL_DEBUG is above VERSION; no directory is created, and when fopen
+  fails the output goes to stdout.
 """
 
 from __future__ import annotations
@@ -31,6 +50,7 @@ __all__ = [
     "EfaFallbackError",
     "EfaEvidenceMissingError",
     "LogFileError",
+    "MissingLog",
     "analyze_lines",
     "analyze_logs",
     "verdict_lines",
@@ -39,6 +59,10 @@ __all__ = [
     "enforce_efa",
     "nccl_debug_file_pattern",
     "nccl_debug_env",
+    "make_debug_file_dir",
+    "why_absent",
+    "NCCL_LOG_DIR",
+    "SETUP_HOOK",
     "expand_nccl_debug_file",
     "check_own_rank",
     "main",
@@ -170,9 +194,25 @@ class NodeVerdict:
 
 
 @dataclass(frozen=True)
+class MissingLog:
+    """A rank whose own NCCL debug file is not there: which file was expected, and why it is absent."""
+
+    host: str
+    pid: int
+    path: str
+    pattern: str
+    reason: str
+
+    def __str__(self) -> str:
+        return (f"host {self.host} pid {self.pid}: expected NCCL debug file '{self.path}' "
+                f"(NCCL_DEBUG_FILE={self.pattern}): {self.reason}")
+
+
+@dataclass(frozen=True)
 class EfaReport:
     ranks: tuple[RankVerdict, ...]
     nodes: tuple[NodeVerdict, ...] = field(init=False)
+    missing: tuple[MissingLog, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", _group_nodes(self.ranks))
@@ -200,28 +240,35 @@ _PREFIX = re.compile(
 _BARE = re.compile(r"\bNCCL (?:INFO|WARN)\b ?(?P<msg>.*)$")
 
 _SELECTED_PROVIDER = re.compile(r"NET/OFI Selected provider is (?P<prov>[^\s,]+)", re.I)
-_USING_NETWORK = re.compile(r"\bUsing network (?P<net>.+?)\s*$")
+_USING_NETWORK = re.compile(r"\b(?:Using network (?P<net>.+?)|Assigned NET plugin (?P<assigned>.+?) to comm)\s*$")
 _VIA_NET = re.compile(r"\bvia NET/(?P<net>[^/]+)/")
 _VIA_LOCAL = re.compile(r"\bvia (?:P2P|SHM)/")
-_CHANNEL = re.compile(r"\bChannel \d+(?:/\d+)? : (?P<src>\d+)\[\d+\] -> (?P<dst>\d+)\[\d+\](?P<recv> \[receive\])?")
+_CHANNEL = re.compile(r"\b(?:Channel|Ring) \d+(?:/\d+)? : (?P<src>\d+)(?:\[[0-9a-fA-F]+\])? -> "
+                      r"(?P<dst>\d+)(?:\[[0-9a-fA-F]+\])?(?P<recv> \[receive\])?")
 _OFI_VERSION = re.compile(r"NET/OFI Initializing aws-ofi-nccl (?P<ver>\S+)")
 _NCCL_VERSION = re.compile(r"\bNCCL version (?P<ver>\S+)")
 _COMM_RANK = re.compile(r"\brank (?P<rank>\d+) nranks (?P<nranks>\d+)", re.I)
 _N_NODES = re.compile(r"\bnNodes (?P<n>\d+)")
 _OFI_FAILED = re.compile(
     r"aws-ofi-nccl initialization failed"
-    r"|NET/OFI No eligible providers"
+    r"|NET/OFI Initializing plugin failed"
     r"|NET/OFI Only EFA provider is supported"
     r"|NET/OFI Unable to find a protocol that worked"
-    r"|NET/Plugin: ?(?:Could not find|No plugin found)",
+    r"|NET/Plugin ?: ?(?:dlerror=.*?)?(?:Could not find|No plugin found)"
+    r"|Failed to initialize NET plugin (?:AWS Libfabric|Libfabric|OFI)\b",
     re.I,
 )
 
-_LIBFABRIC_NETS = {"libfabric", "aws libfabric"}
+_LIBFABRIC_NETS = {"libfabric", "aws libfabric", "ofi"}
 
 
 def _is_libfabric(net: str) -> bool:
     return net.strip().lower() in _LIBFABRIC_NETS
+
+
+def _is_efa_provider(provider: str) -> bool:
+    """'efa', or a layered libfabric provider on top of it ('efa;ofi_rxr' before aws-ofi-nccl v1.0.1)."""
+    return provider.split(";", 1)[0].strip().lower() == "efa"
 
 
 @dataclass
@@ -266,14 +313,14 @@ def _feed(proc: _Proc, msg: str, ev: Evidence) -> None:
     if m := _SELECTED_PROVIDER.search(msg):
         prov = m.group("prov")
         proc.provider = proc.provider or prov
-        (proc.efa if prov.lower() == "efa" else proc.sock).setdefault("provider", ev)
+        (proc.efa if _is_efa_provider(prov) else proc.sock).setdefault("provider", ev)
     if m := _USING_NETWORK.search(msg):
-        net = m.group("net")
+        net, key = (m.group("net"), "network") if m.group("net") else (m.group("assigned"), "assigned")
         proc.network = proc.network or net
         if _is_libfabric(net):
-            proc.efa.setdefault("network", ev)
+            proc.efa.setdefault(key, ev)
         elif net.lower() == "socket":
-            proc.sock.setdefault("network", ev)
+            proc.sock.setdefault(key, ev)
     if m := _CHANNEL.search(msg):
         rank = m.group("dst") if m.group("recv") else m.group("src")
         proc.channel_rank = int(rank) if proc.channel_rank is None else proc.channel_rank
@@ -291,6 +338,14 @@ def _feed(proc: _Proc, msg: str, ev: Evidence) -> None:
         proc.failed.setdefault(m.group(0).lower(), ev)
 
 
+_EVIDENCE_ORDER = ("provider", "network", "channel", "assigned")
+
+
+def _ordered(found: dict[str, Evidence]) -> tuple[Evidence, ...]:
+    """The best-known markers first (provider selection, "Using network"), whatever order NCCL printed them in."""
+    return tuple(found[k] for k in sorted(found, key=_EVIDENCE_ORDER.index))
+
+
 def _decide(proc: _Proc) -> tuple[Transport, tuple[Evidence, ...]]:
     """Socket evidence beats EFA evidence: a false alarm is cheaper than a false pass."""
     if proc.n_nodes is not None:
@@ -304,9 +359,9 @@ def _decide(proc: _Proc) -> tuple[Transport, tuple[Evidence, ...]]:
         ev = tuple(e for e in (proc.nodes_line, *proc.local.values()) if e is not None)
         return Transport.SHM_ONLY, ev
     if proc.sock:
-        return Transport.SOCKET, (*proc.sock.values(), *proc.failed.values())
+        return Transport.SOCKET, (*_ordered(proc.sock), *proc.failed.values())
     if proc.efa:
-        return Transport.EFA, tuple(proc.efa.values())
+        return Transport.EFA, _ordered(proc.efa)
     if proc.failed:
         return Transport.SOCKET, tuple(proc.failed.values())
     return Transport.UNKNOWN, ()
@@ -485,6 +540,7 @@ def verdict_lines(report: EfaReport, per_rank: bool = False) -> list[str]:
             for r in node.ranks:
                 out.append(_line(f"  {r.label}", r.transport,
                                  _details(r.transport, r.network, r.provider, r.ofi_version), r.evidence))
+    out.extend(f"EFA check: no NCCL log from {m}" for m in report.missing)
     return out
 
 
@@ -537,29 +593,50 @@ def _fallback_message(bad: Sequence[RankVerdict], total: int) -> str:
     return "\n".join(lines)
 
 
-def enforce_efa(verdicts: Sequence[RankVerdict], require_efa: bool) -> list[RankVerdict]:
+def _no_evidence_message(unknown: Sequence[RankVerdict], missing: Sequence[MissingLog], total: int) -> str:
+    lines = [f"EFA is required but {len(unknown) + len(missing)} of {total} rank(s) left no proof of their "
+             "transport:"]
+    lines.extend(f"  {m}" for m in missing)
+    for r in unknown:
+        where = f" in {', '.join(r.sources)}" if r.sources else ""
+        lines.append(f"  {r.label}: no NCCL transport line{where}; set NCCL_DEBUG=INFO (NCCL_DEBUG_SUBSYS covering "
+                     "INIT and NET) and run the check after the first collective")
+    lines.append("`python -m trainer submit` sets all of this up (see trainer.efa.nccl_debug_env); to train "
+                 "without the proof, set require_efa to false (--no-require-efa).")
+    return "\n".join(lines)
+
+
+def enforce_efa(verdicts: Sequence[RankVerdict], require_efa: bool,
+                missing: Sequence[MissingLog] = ()) -> list[RankVerdict]:
     """Return the ranks on sockets; with require_efa, raise instead of returning any.
 
-    With require_efa and no rank showing any transport line, raise too: nothing proves EFA.
-    SHM_ONLY ranks pass: a one-node communicator has no network to put on EFA.
+    With require_efa every rank must prove its transport: a rank whose debug file is missing
+    (`missing`) or holds no transport line raises EfaEvidenceMissingError, naming the file and
+    why. SHM_ONLY ranks pass: a one-node communicator has no network to put on EFA.
     """
     bad = [r for r in verdicts if r.transport is Transport.SOCKET]
     if not require_efa:
         return bad
     if bad:
-        raise EfaFallbackError(_fallback_message(bad, len(verdicts)), bad)
-    if all(r.transport is Transport.UNKNOWN for r in verdicts):
-        sources = sorted({s for r in verdicts for s in r.sources})
-        raise EfaEvidenceMissingError(
-            "EFA is required but the NCCL log holds no transport line"
-            + (f" ({', '.join(sources)})" if sources else "")
-            + ": set NCCL_DEBUG=INFO (and NCCL_DEBUG_FILE, see trainer.efa.nccl_debug_env) in the "
-              "worker environment before the process group is created, and check only after the first "
-              "collective")
+        raise EfaFallbackError(_fallback_message(bad, len(verdicts) + len(missing)), bad)
+    unknown = [r for r in verdicts if r.transport is Transport.UNKNOWN]
+    if missing or unknown or not verdicts:
+        if not verdicts and not missing:
+            raise EfaEvidenceMissingError(
+                "EFA is required but no rank's NCCL log was found: set NCCL_DEBUG=INFO and NCCL_DEBUG_FILE "
+                "(trainer.efa.nccl_debug_env) in the worker environment before the process group is created")
+        raise EfaEvidenceMissingError(_no_evidence_message(unknown, missing, len(verdicts) + len(missing)))
     return bad
 
 
 # --- per-rank debug files -------------------------------------------------------------
+
+# On the /tmp/ray volume of every Ray pod; the RayCluster mounts a volume exactly here as well.
+NCCL_LOG_DIR = "/tmp/ray/nccl"
+# Ray's runtime_env worker_process_setup_hook: runs in every worker process of a job before any
+# task or actor code, so before NCCL's first call whatever order Ray starts things in.
+SETUP_HOOK = "trainer.efa.make_debug_file_dir"
+
 
 def nccl_debug_file_pattern(log_dir: str | os.PathLike[str]) -> str:
     """NCCL_DEBUG_FILE value giving each process its own file (NCCL expands %h and %p)."""
@@ -567,9 +644,37 @@ def nccl_debug_file_pattern(log_dir: str | os.PathLike[str]) -> str:
 
 
 def nccl_debug_env(log_dir: str | os.PathLike[str]) -> dict[str, str]:
-    """Environment that makes NCCL write the lines this module reads, one file per rank."""
+    """Environment that makes NCCL write the lines this module reads, one file per rank.
+
+    NCCL_DEBUG must be INFO: the transport lines ("Using network", "Selected provider is") are INFO.
+    """
     return {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET,ENV",
             "NCCL_DEBUG_FILE": nccl_debug_file_pattern(log_dir)}
+
+
+def debug_file_dir(pattern: str) -> Path:
+    """The directory NCCL will open its debug file in (the pattern's own directory part never holds %h/%p here)."""
+    return expand_nccl_debug_file(pattern).parent
+
+
+def make_debug_file_dir(environ: Mapping[str, str] | None = None) -> Path | None:
+    """Create the directory of NCCL_DEBUG_FILE: NCCL creates none and falls back to stdout without it.
+
+    The Ray worker setup hook (SETUP_HOOK). Never raises: a worker must not die over a log
+    folder; if the folder cannot be made, the EFA check says which and why.
+    """
+    env = os.environ if environ is None else environ
+    pattern = env.get("NCCL_DEBUG_FILE")
+    if not pattern:
+        return None
+    folder = debug_file_dir(pattern)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        print(f"trainer.efa: cannot create {folder} for NCCL_DEBUG_FILE={pattern}: {err.strerror or err}",
+              file=sys.stderr)
+        return None
+    return folder
 
 
 def _nccl_hostname() -> str:
@@ -595,8 +700,32 @@ def expand_nccl_debug_file(pattern: str, hostname: str | None = None, pid: int |
     return Path("".join(out))
 
 
+def why_absent(path: Path, env: Mapping[str, str]) -> str:
+    """Why NCCL left no debug file at `path`, from what can be checked in this process."""
+    folder = path.parent
+    stdout = ("NCCL then writes its debug output to stdout instead (NCCL src/debug.cc), which lands in this "
+              "worker's Ray log (/tmp/ray/session_latest/logs/worker-*.out), not where the check reads")
+    if not folder.is_dir():
+        return (f"its directory '{folder}' does not exist and NCCL creates no directories; {stdout}. Create it "
+                f"before NCCL's first call: `trainer submit` does, with the Ray worker setup hook {SETUP_HOOK}, "
+                "and the RayCluster mounts a volume there")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return (f"its directory '{folder}' is not writable by uid {os.getuid()}, so NCCL could not create the "
+                f"file; {stdout}. Make the directory writable for the Ray worker's user")
+    level = (env.get("NCCL_DEBUG") or "").strip().upper()
+    if level not in ("INFO", "TRACE"):
+        return (f"NCCL_DEBUG is {level or 'not set'}; NCCL opens NCCL_DEBUG_FILE only above VERSION and writes "
+                "its transport lines only at INFO: set NCCL_DEBUG=INFO before the process group is created")
+    return ("no NCCL communicator has been created in this process yet (NCCL opens the file at its first "
+            "call), or NCCL_DEBUG_FILE changed after NCCL had started (it reads it once); run the check after "
+            "the first collective, in the process that ran it")
+
+
 def check_own_rank(require_efa: bool, environ: Mapping[str, str] | None = None) -> EfaReport:
-    """Check the calling rank's own NCCL_DEBUG_FILE; call after the first collectives."""
+    """Check the calling rank's own NCCL_DEBUG_FILE; call after the first collectives.
+
+    A missing file is reported in EfaReport.missing with the reason; with require_efa it raises.
+    """
     env = os.environ if environ is None else environ
     pattern = env.get("NCCL_DEBUG_FILE")
     if not pattern:
@@ -607,12 +736,10 @@ def check_own_rank(require_efa: bool, environ: Mapping[str, str] | None = None) 
         return EfaReport(())
     path = expand_nccl_debug_file(pattern)
     if not path.is_file():
+        missing = MissingLog(_nccl_hostname(), os.getpid(), str(path), pattern, why_absent(path, env))
         if require_efa:
-            raise EfaEvidenceMissingError(
-                f"EFA is required but this rank's NCCL debug file '{path}' (NCCL_DEBUG_FILE={pattern}) "
-                "does not exist: NCCL_DEBUG must be INFO and NCCL must have initialised "
-                "(run a collective first)")
-        return EfaReport(())
+            raise EfaEvidenceMissingError(f"EFA is required but there is no proof from this rank: {missing}")
+        return EfaReport((), missing=(missing,))
     report = analyze_logs([path])
     enforce_efa(report.ranks, require_efa)
     return report
@@ -637,14 +764,15 @@ def gather_report(gather: Callable[[Any], list], environ: Mapping[str, str] | No
     """Every rank, after the first collectives: read its own NCCL log, share the verdicts, decide.
 
     `gather` is an all-gather of one picklable object across ranks (torch.distributed's
-    all_gather_object). Returns the report over all ranks and whether EFA is required,
-    the same on every rank, so every rank raises together in enforce_efa.
+    all_gather_object). Returns the report over all ranks (missing files included) and whether
+    EFA is required, the same on every rank, so every rank raises together in enforce_efa.
     """
     env = os.environ if environ is None else environ
     own = check_own_rank(require_efa=False, environ=env)
-    everyone = gather((_nccl_hostname(), own.ranks))
-    hosts = {host for host, _ in everyone}
-    report = EfaReport(tuple(r for _, ranks in everyone for r in ranks))
+    everyone = gather((_nccl_hostname(), own.ranks, own.missing))
+    hosts = {host for host, _, _ in everyone}
+    report = EfaReport(tuple(r for _, ranks, _ in everyone for r in ranks),
+                       missing=tuple(m for _, _, missing in everyone for m in missing))
     return report, require_setting(env.get(REQUIRE_EFA_ENV), len(hosts))
 
 

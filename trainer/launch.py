@@ -81,6 +81,17 @@ def train(cfg: TrainConfig, storage_filesystem: Any = None, *, check: bool = Tru
     return build_trainer(cfg, storage_filesystem, quiet=quiet).fit()
 
 
+CHECKPOINT_ENV = "CHECKPOINT_URI"  # set on the RayCluster's head (workloads/raycluster.py): the stack's bucket
+
+
+def storage_default(environ=None) -> dict[str, str] | None:
+    """The default storage path on the cluster: CHECKPOINT_URI where the deployment sets it."""
+    import os
+
+    uri = (os.environ if environ is None else environ).get(CHECKPOINT_ENV)
+    return {"storage_path": uri} if uri else None
+
+
 def main(argv: Sequence[str]) -> int:
     """`python -m trainer train`: run one training job on an existing Ray cluster."""
     parser = argparse.ArgumentParser(prog="python -m trainer train",
@@ -90,7 +101,7 @@ def main(argv: Sequence[str]) -> int:
     args = parser.parse_args(list(argv))
     address = args.__dict__.pop("address")
     try:
-        cfg = from_args(args)
+        cfg = from_args(args, storage_default())
         if not is_remote(cfg.storage_path) and cfg.num_workers > 1 and address not in ("auto", "local"):
             print(f"note: {flag('storage_path')} {cfg.storage_path} is local; multi-node runs need shared storage (s3://)",
                   file=sys.stderr)

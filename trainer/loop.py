@@ -114,7 +114,7 @@ def transport_check(cfg: TrainConfig, env: WorkerEnv) -> None:
     if env.rank == 0:
         for line in efa.verdict_lines(report) or ["EFA check: no NCCL transport lines (NCCL_DEBUG_FILE not set?)"]:
             log.info(line)
-    efa.enforce_efa(report.ranks, required)
+    efa.enforce_efa(report.ranks, required, missing=report.missing)
 
 
 def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,

@@ -40,6 +40,7 @@ PORT_FORWARD_TIMEOUT_S = 30.0
 DEFAULT_NAMESPACE = "ray"
 DEFAULT_SERVICE = "raytrain-head-svc"
 DEFAULT_RAYCLUSTER = "raytrain"
+CHECKPOINT_ENV = "CHECKPOINT_URI"  # the head's default storage (trainer.launch.storage_default)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED = 0, 1, 2, 3
 
@@ -73,20 +74,30 @@ def _run(cmd: list[str], what: str, env: dict | None = None, timeout: float = 60
     return proc.stdout
 
 
-def stack_target(stack: str) -> tuple[Target, dict]:
-    """Namespace, head service and kubeconfig from `pulumi stack output`, and all the outputs."""
+@contextlib.contextmanager
+def stack_target(stack: str) -> Iterator[tuple[Target, dict]]:
+    """Namespace, head service and kubeconfig from `pulumi stack output`, and all the outputs.
+
+    The kubeconfig is a secret: it lives in a 0600 temporary file only while the block runs, and is
+    removed however the block ends (bad input found later included).
+    """
     raw = _run(["pulumi", "stack", "output", "--json", "--show-secrets", "--stack", stack], f"--stack {stack}")
-    outputs = json.loads(raw)
+    try:
+        outputs = json.loads(raw)
+    except ValueError:
+        raise SubmitError(f"--stack {stack}: `pulumi stack output --json` did not print JSON") from None
     missing = [k for k in ("rayNamespace", "rayHeadService", "kubeconfig") if k not in outputs]
     if missing:
         raise SubmitError(f"--stack {stack}: the stack has no output {', '.join(missing)}; run `pulumi up` first")
-    kubeconfig = tempfile.NamedTemporaryFile("w", prefix="kubeconfig-", suffix=".json", delete=False)
-    with kubeconfig:
-        kubeconfig.write(outputs["kubeconfig"] if isinstance(outputs["kubeconfig"], str)
-                         else json.dumps(outputs["kubeconfig"]))
-    os.chmod(kubeconfig.name, 0o600)
-    return Target(None, outputs["rayNamespace"], outputs["rayHeadService"],
-                  outputs.get("rayClusterName", DEFAULT_RAYCLUSTER), kubeconfig.name), outputs
+    fd, path = tempfile.mkstemp(prefix="kubeconfig-", suffix=".json")  # created 0600
+    try:
+        with os.fdopen(fd, "w") as kubeconfig:
+            kubeconfig.write(outputs["kubeconfig"] if isinstance(outputs["kubeconfig"], str)
+                             else json.dumps(outputs["kubeconfig"]))
+        yield Target(None, outputs["rayNamespace"], outputs["rayHeadService"],
+                     outputs.get("rayClusterName", DEFAULT_RAYCLUSTER), path), outputs
+    finally:
+        Path(path).unlink(missing_ok=True)
 
 
 def _kubectl(target: Target) -> list[str]:
@@ -170,16 +181,14 @@ def check_reachable(address: str, token: str | None, timeout: float = CONNECT_TI
 @contextlib.contextmanager
 def connect(args: argparse.Namespace, target: Target | None = None) -> Iterator["JobSubmissionClient"]:  # noqa: F821
     """A JobSubmissionClient for --address, or through a port-forward that is closed afterwards."""
-    if args.address:
-        target = Target(args.address, args.namespace, args.service, args.raycluster)
-    elif target is None and args.stack:
-        target, _ = stack_target(args.stack)
-    elif target is None:
-        target = Target(None, args.namespace, args.service, args.raycluster)
     token = os.environ.get("RAY_AUTH_TOKEN") or None
     with contextlib.ExitStack() as stack:
-        if target.kubeconfig:
-            stack.callback(Path(target.kubeconfig).unlink, missing_ok=True)
+        if args.address:
+            target = Target(args.address, args.namespace, args.service, args.raycluster)
+        elif target is None and args.stack:
+            target, _ = stack.enter_context(stack_target(args.stack))
+        elif target is None:
+            target = Target(None, args.namespace, args.service, args.raycluster)
         address = target.address or stack.enter_context(
             port_forward(target, timeout=max(args.timeout, PORT_FORWARD_TIMEOUT_S)))
         if token is None and target.address is None:
@@ -212,9 +221,14 @@ def stage_package(into: Path) -> Path:
 
 
 def runtime_env(working_dir: Path, pip: list[str], env: dict[str, str]) -> dict:
+    """With NCCL_DEBUG_FILE set, every worker process first creates its directory (NCCL makes none)."""
+    from trainer import efa
+
     spec: dict = {"working_dir": str(working_dir), "env_vars": dict(env)}
     if pip:
         spec["pip"] = list(pip)
+    if env.get("NCCL_DEBUG_FILE"):
+        spec["worker_process_setup_hook"] = efa.SETUP_HOOK
     return spec
 
 
@@ -231,10 +245,12 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
 JOB_CONFIG = "job.yaml"
 
 
-def submit(client, *, cfg, pip: list[str], env: dict[str, str]) -> str:
+def submit(client, *, cfg, pip: list[str], env: dict[str, str], cluster_storage: bool = False) -> str:
     """Submit (or resubmit) the run; a finished job of the same name is replaced, a running one is refused.
 
     The job runs exactly the configuration validated here: it travels as job.yaml beside the package.
+    With `cluster_storage` the storage path is left out of it, so the cluster's default applies
+    (CHECKPOINT_URI on the head, see trainer.launch.storage_default).
     """
     import yaml
     from ray.job_submission import JobStatus
@@ -250,7 +266,10 @@ def submit(client, *, cfg, pip: list[str], env: dict[str, str]) -> str:
         client.delete_job(run_name)
     with tempfile.TemporaryDirectory(prefix="trainer-job-") as folder:
         working_dir = stage_package(Path(folder))
-        (working_dir / JOB_CONFIG).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        job_config = cfg.to_dict()
+        if cluster_storage:
+            del job_config["storage_path"]
+        (working_dir / JOB_CONFIG).write_text(yaml.safe_dump(job_config, sort_keys=False))
         return submit_when_ready(
             client,
             entrypoint=shlex.join(["python", "-m", "trainer", "train", "--config", JOB_CONFIG]),
@@ -387,17 +406,26 @@ def manage(command: str, argv: list[str]) -> int:
 
 # --- `python -m trainer submit` -------------------------------------------------
 
-NCCL_LOG_DIR = "/tmp/ray/nccl"  # on the /tmp/ray volume of every Ray pod
+def job_environment(cfg, require_efa: bool | None, extra: dict[str, str], log_dir: str | None = None) -> dict[str, str]:
+    """What every process of the job sees: the EFA proof settings on GPUs, then the user's --env.
 
-
-def job_environment(cfg, require_efa: bool | None, extra: dict[str, str]) -> dict[str, str]:
-    """What every process of the job sees: the EFA proof settings on GPUs, then the user's --env."""
+    GPU jobs run NCCL_DEBUG=INFO into per-rank files (not the job log), whatever the stack's
+    ncclDebug: the EFA proof reads INFO lines. Lowering it with --env is refused unless the
+    check is off (--no-require-efa).
+    """
     from trainer import efa
 
     env: dict[str, str] = {}
     if cfg.use_gpu:
-        env.update(efa.nccl_debug_env(NCCL_LOG_DIR))
-        env["TRAINER_REQUIRE_EFA"] = {None: "auto", True: "1", False: "0"}[require_efa]
+        env.update(efa.nccl_debug_env(log_dir or efa.NCCL_LOG_DIR))
+        env[efa.REQUIRE_EFA_ENV] = {None: "auto", True: "1", False: "0"}[require_efa]
+        level = extra.get("NCCL_DEBUG", "INFO").strip().upper()
+        if level not in ("INFO", "TRACE") and require_efa is not False:
+            raise SubmitError(
+                f"--env NCCL_DEBUG={extra['NCCL_DEBUG']}: the EFA check reads NCCL's INFO lines, so GPU jobs run "
+                "NCCL_DEBUG=INFO (written to per-rank files under "
+                f"{efa.debug_file_dir(env['NCCL_DEBUG_FILE'])}, not the job log); drop the --env, or add "
+                "--no-require-efa to train without the proof")
     env.update(extra)
     return env
 
@@ -435,24 +463,44 @@ def main(argv: list[str]) -> int:
 
     fields = {f.name for f in dataclass_fields(train_config.TrainConfig)} | {"config", "out"}
     training = {k: v for k, v in vars(args).items() if k in fields}
-    try:
-        target, outputs = (stack_target(args.stack) if args.stack and not args.address else (None, {}))
-        defaults = {"storage_path": outputs["checkpointBucketUri"]} if "checkpointBucketUri" in outputs else None
-        cfg = train_config.from_args(argparse.Namespace(**training), defaults)
-        cfg = dataclass_replace(cfg, run_name=cfg.resolved_run_name)
-        if not args.address:
-            problems = _remote_problems(cfg)
-            if problems:
-                raise train_config.ConfigError(problems)
-        env = job_environment(cfg, args.require_efa, parse_env(args.env))
-    except (train_config.ConfigError, SubmitError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return EXIT_USAGE
+    with contextlib.ExitStack() as stack:
+        try:
+            target, outputs = (stack.enter_context(stack_target(args.stack)) if args.stack and not args.address
+                               else (None, {}))
+            defaults = {"storage_path": outputs["checkpointBucketUri"]} if "checkpointBucketUri" in outputs else None
+            cfg = train_config.from_args(argparse.Namespace(**training), defaults)
+            cfg = dataclass_replace(cfg, run_name=cfg.resolved_run_name)
+            cluster_storage = defaults is None and not _storage_chosen(args, training)
+            if not args.address:
+                problems = [p for p in _remote_problems(cfg)
+                            if not (cluster_storage and p.startswith(train_config.flag("storage_path")))]
+                if problems:
+                    raise train_config.ConfigError(problems)
+            env = job_environment(cfg, args.require_efa, parse_env(args.env))
+        except (train_config.ConfigError, SubmitError) as err:
+            print(f"error: {err}", file=sys.stderr)
+            return EXIT_USAGE
+        return _submit_and_follow(args, target, cfg, env, cluster_storage)
 
+
+def _storage_chosen(args: argparse.Namespace, flags: dict) -> bool:
+    """Did --storage-path/--out, or the --config file, name the storage? If not, the cluster's default applies."""
+    from trainer import config as train_config
+
+    if "storage_path" in flags or "out" in flags:
+        return True
+    keys = {str(k).replace("-", "_") for k in train_config.load_yaml(args.config)} if args.config else set()
+    return bool(keys & {"storage_path", "out"})
+
+
+def _submit_and_follow(args: argparse.Namespace, target: Target | None, cfg, env: dict[str, str],
+                       cluster_storage: bool = False) -> int:
     try:
         with connect(args, target) as client:
-            job_id = submit(client, cfg=cfg, pip=args.pip, env=env)
-            print(f"Submitted run {job_id}: checkpoints, metrics and the exported model go to {cfg.run_uri}")
+            job_id = submit(client, cfg=cfg, pip=args.pip, env=env, cluster_storage=cluster_storage)
+            where = (f"the cluster's {CHECKPOINT_ENV}/{job_id} (the stack's bucket; {cfg.run_uri} on a cluster "
+                     f"without it)" if cluster_storage else cfg.run_uri)
+            print(f"Submitted run {job_id}: checkpoints, metrics and the exported model go to {where}")
             if args.no_wait:
                 print(f"Follow it with `python -m trainer logs {job_id}`; stop it with `python -m trainer stop {job_id}`.")
                 return EXIT_OK
@@ -495,9 +543,18 @@ def bench_main(argv: list[str]) -> int:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--no-wait", action="store_true", help="return once submitted")
     args = parser.parse_args(argv)
+    with contextlib.ExitStack() as stack:
+        return _bench(args, stack)
+
+
+def _bench(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
+    """nccl-bench's body: the stack's kubeconfig (if any) lives exactly as long as `stack`."""
+    from trainer import nccl_bench
+
     try:
         nccl_bench.message_sizes(args.min_bytes, args.max_bytes)
-        target, outputs = (stack_target(args.stack) if args.stack and not args.address else (None, {}))
+        target, outputs = (stack.enter_context(stack_target(args.stack)) if args.stack and not args.address
+                           else (None, {}))
         row = _catalog_row(args.instance_type or outputs.get("gpuNodeType"))
         workers = args.workers or (row.gpus * int(outputs["gpuNodeCount"]) if row and "gpuNodeCount" in outputs else None)
         if not workers or workers < 1:
@@ -505,7 +562,7 @@ def bench_main(argv: list[str]) -> int:
         env = {}
         if args.device == "gpu":
             from trainer import efa
-            env = efa.nccl_debug_env(NCCL_LOG_DIR)
+            env = efa.nccl_debug_env(efa.NCCL_LOG_DIR)
         bench_argv = ["--workers", str(workers), "--device", args.device, "--min-bytes", str(args.min_bytes),
                       "--max-bytes", str(args.max_bytes), "--iters", str(args.iters), "--warmup", str(args.warmup)]
         if row:

@@ -24,6 +24,18 @@ DEVICE_PLUGIN_NAMESPACE = "kube-system"
 OPERATOR_NAMESPACE = "kuberay-system"
 
 
+# What each chart runs, as registry/repository and tag before pinning: the chart's own image for its
+# version (its appVersion), pinned by digest at deploy time (workloads.image.pin, kept in state) and
+# handed to the chart as `image.tag: <tag>@sha256:...`, which every one of these charts renders as
+# repository:tag@digest. The EFA plugin comes from AWS's public mirror, which resolves anonymously
+# (the chart's default is a private ECR account in us-west-2); its tag is the appVersion of chart
+# v0.5.30, the newest published archive.
+EFA_PLUGIN_IMAGE = ("public.ecr.aws/eks/aws-efa-k8s-device-plugin", "v0.5.20")
+NVIDIA_PLUGIN_IMAGE = "nvcr.io/nvidia/k8s-device-plugin"
+KUBERAY_OPERATOR_IMAGE = "quay.io/kuberay/operator"
+IMAGE_SOURCE = "chart_image() in workloads/charts.py"
+
+
 @dataclass(frozen=True)
 class ChartRelease:
     release: str
@@ -60,6 +72,31 @@ def kuberay_operator(cfg: StackConfig) -> ChartRelease:
 
 def releases(cfg: StackConfig) -> list[ChartRelease]:
     return [nvidia_device_plugin(cfg), efa_device_plugin(cfg), kuberay_operator(cfg)]
+
+
+def chart_image(cfg: StackConfig, release: str) -> tuple[str, str]:
+    """(repository, tag) the release runs; a tag may already carry its @sha256 digest (clusterAutoscalerImageTag)."""
+    return {
+        "nvidia-device-plugin": (NVIDIA_PLUGIN_IMAGE, f"v{cfg.nvidia_device_plugin_version.lstrip('v')}"),
+        "aws-efa-k8s-device-plugin": EFA_PLUGIN_IMAGE,
+        "kuberay-operator": (KUBERAY_OPERATOR_IMAGE, f"v{cfg.kuberay_version.lstrip('v')}"),
+        "cluster-autoscaler": (AUTOSCALER_IMAGE, cfg.cluster_autoscaler_image_tag),
+    }[release]
+
+
+def image_to_pin(cfg: StackConfig, release: str) -> str:
+    """What workloads.image.pin resolves: repository:tag, or repository@sha256 when the tag already has one."""
+    repository, tag = chart_image(cfg, release)
+    tag, _, digest = tag.partition("@")
+    return f"{repository}@{digest}" if digest else f"{repository}:{tag}"
+
+
+def with_pinned_image(chart: ChartRelease, cfg: StackConfig, reference: str) -> dict[str, Any]:
+    """The release's values with its image pinned: `reference` is repository@sha256:<64 hex>."""
+    repository, tag = chart_image(cfg, chart.release)
+    digest = reference.rpartition("@")[2]
+    image = {**chart.values.get("image", {}), "repository": repository, "tag": f"{tag.partition('@')[0]}@{digest}"}
+    return {**chart.values, "image": image}
 
 
 def autoscaler_args() -> dict[str, str]:

@@ -216,11 +216,20 @@ def _pin(image: str, digest: str) -> dict[str, str]:
 class ImageDigestProvider(dynamic.ResourceProvider):
     """Resolves in check, so `pulumi preview` already shows (or refuses) the digest; never again for the same tag."""
 
-    serialize_as_secret_always = False  # holds only a timeout: keep the state readable
+    serialize_as_secret_always = False  # holds only a timeout and a name: keep the state readable
 
-    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S):
+    def __init__(self, timeout_s: float = DEFAULT_TIMEOUT_S, subject: str = CONFIG_KEY):
         super().__init__()
         self.timeout_s = timeout_s
+        self.subject = subject  # whose image it is, named in every error instead of the DLC's config key
+
+    def _resolve(self, image: str) -> str:
+        try:
+            return resolve_digest(image, timeout=self.timeout_s)
+        except ImageResolutionError as err:
+            if self.subject == CONFIG_KEY:
+                raise
+            raise ImageResolutionError(str(err).replace(CONFIG_KEY, self.subject)) from None
 
     def check(self, olds, news):
         image = news.get("image")
@@ -229,7 +238,7 @@ class ImageDigestProvider(dynamic.ResourceProvider):
         if olds.get("image") == image and _DIGEST.match(str(olds.get("digest") or "")):
             return dynamic.CheckResult({**news, "digest": olds["digest"]}, [])
         try:
-            return dynamic.CheckResult({**news, "digest": resolve_digest(image, timeout=self.timeout_s)}, [])
+            return dynamic.CheckResult({**news, "digest": self._resolve(image)}, [])
         except ImageResolutionError as err:
             return dynamic.CheckResult(news, [dynamic.CheckFailure("image", str(err))])
 
@@ -241,7 +250,7 @@ class ImageDigestProvider(dynamic.ResourceProvider):
     def create(self, props):
         digest = props.get("digest")
         if not (isinstance(digest, str) and _DIGEST.match(digest)):
-            digest = resolve_digest(props["image"], timeout=self.timeout_s)
+            digest = self._resolve(props["image"])
         outs = _pin(props["image"], digest)
         return dynamic.CreateResult(id_=outs["reference"], outs=outs)
 
@@ -257,19 +266,31 @@ class PinnedImage(dynamic.Resource, module="raytrain", name="PinnedImage"):
     digest: pulumi.Output[str]
     reference: pulumi.Output[str]
 
-    def __init__(self, name: str, image: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+    def __init__(self, name: str, image: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, subject: str = CONFIG_KEY,
                  opts: pulumi.ResourceOptions | None = None):
-        parse(image)
-        super().__init__(ImageDigestProvider(timeout_s), name,
+        _parse_for(image, subject)
+        super().__init__(ImageDigestProvider(timeout_s, subject), name,
                          {"image": image, "digest": None, "reference": None}, opts)
 
 
-def pin(image: str, *, name: str = "dlc-image", opts: pulumi.ResourceOptions | None = None
-        ) -> tuple[pulumi.Output[str], list[pulumi.Resource]]:
-    """The digest reference for `image` and the resources that produce it (none for a digest)."""
-    if parse(image).digest:
+def _parse_for(image: str, subject: str) -> ImageReference:
+    try:
+        return parse(image)
+    except ImageResolutionError as err:
+        if subject == CONFIG_KEY:
+            raise
+        raise ImageResolutionError(str(err).replace(CONFIG_KEY, subject)) from None
+
+
+def pin(image: str, *, name: str = "dlc-image", subject: str = CONFIG_KEY,
+        opts: pulumi.ResourceOptions | None = None) -> tuple[pulumi.Output[str], list[pulumi.Resource]]:
+    """The digest reference for `image` and the resources that produce it (none for a digest).
+
+    `subject` names whose image it is in errors (the DLC's config key by default).
+    """
+    if _parse_for(image, subject).digest:
         return pulumi.Output.from_input(image), []
-    pinned = PinnedImage(name, image, opts=opts)
+    pinned = PinnedImage(name, image, subject=subject, opts=opts)
     return pinned.reference, [pinned]
 
 

@@ -4,9 +4,18 @@ One head on the system node (no GPUs, no training work) and one worker pod per G
 node that claims the whole node: every GPU, every EFA device, the EFA huge pages and
 the CPU and memory left after a reserve for the kubelet and node daemons. Moving to
 another GPU family changes the catalog row, not this code.
+
+The head advertises no CPUs to Ray (num-cpus 0, as KubeRay's own samples do): what Ray
+Train 2.58 places on the driver's node asks for none (TrainController: num_cpus=0 with a
+label selector on the driver's node, train/v2/api/data_parallel_trainer.py; its
+SynchronizationActor and PreemptionWatcher: num_cpus=0; a job's entrypoint: 0 CPUs by
+default), while every training worker asks for at least one CPU and so never lands on
+the small system node.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -14,14 +23,19 @@ from dataclasses import dataclass
 from infra import nodes
 from infra.catalog import CpuInstanceType, GpuInstanceType
 from infra.config import StackConfig
+from trainer.efa import NCCL_LOG_DIR
 
 API_VERSION = "ray.io/v1"
 KIND = "RayCluster"
 WORKER_GROUP = "gpu-workers"
 HEAD_CONTAINER = "ray-head"
 WORKER_CONTAINER = "ray-worker"
-CHECKPOINT_ENV = "CHECKPOINT_URI"
+CHECKPOINT_ENV = "CHECKPOINT_URI"  # on the head: `python -m trainer train`'s default storage path
 RAY_TMP = "/tmp/ray"  # session logs live here; the EFA check greps them
+RAY_TMP_VOLUME = "ray-tmp"
+# Its own volume at the NCCL debug files' folder: Kubernetes creates the mount point before the
+# container starts, so the folder exists before any Ray process (NCCL creates no directories).
+NCCL_LOG_VOLUME = "nccl-logs"
 HEAD_PORTS = {"gcs-server": 6379, "dashboard": 8265, "client": 10001}
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -48,6 +62,23 @@ KUBE_API_VOLUME = "kube-api-access-autoscaler"
 KUBE_API_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 # Ray, not the Cluster Autoscaler, decides when a training worker goes.
 SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
+# KubeRay v1.7.0 sets restartPolicy Never on workers only for autoscaler v2 (common/pod.go), and
+# its injected environment makes Ray 2.58 run v2 anyway: say v2, and Never, explicitly. A worker
+# container restarted in place (Always) re-registers as a new Ray node the autoscaler did not
+# launch, so it may never be scaled away and its GPU node keeps billing.
+AUTOSCALER_VERSION = "v2"
+AUTOSCALED_WORKER_RESTART_POLICY = "Never"
+# With scaleToZero `pulumi up` leaves spec.workerGroupSpecs to KubeRay's autoscaler (ignoreChanges):
+# the v1.7.0 CRD gives that list no x-kubernetes-list-type, so server-side apply treats it as one
+# atomic field that the autoscaler's replica patches take over. This digest of the worker group as
+# declared makes a change to it visible, and a replacement of the RayCluster, instead of lost.
+WORKER_GROUP_DIGEST = "raytrain.io/worker-group-sha256"
+
+# Nothing in Ray needs a Linux capability (KubeRay's own restricted samples drop ALL); EFA devices
+# come from the device plugin and NCCL over EFA runs under the runtime's default set, which has no
+# IPC_LOCK either (the AWS reference deployment). RuntimeDefault: the runtime's seccomp profile.
+CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "privileged": False, "capabilities": {"drop": ["ALL"]}}
+POD_SECURITY = {"seccompProfile": {"type": "RuntimeDefault"}}
 
 
 class ManifestError(ValueError):
@@ -86,14 +117,17 @@ def worker_resources(gpu: GpuInstanceType) -> dict[str, str]:
     return resources
 
 
-def worker_env(cfg: StackConfig, checkpoint_uri: str) -> list[dict[str, str]]:
-    """NCCL over libfabric/EFA; without NVLink, intra-node traffic is faster through cudaMemcpy into shared memory."""
+def worker_env(cfg: StackConfig) -> list[dict[str, str]]:
+    """NCCL over libfabric/EFA; without NVLink, intra-node traffic is faster through cudaMemcpy into shared memory.
+
+    NCCL_DEBUG is the stack's ncclDebug for NCCL processes started by other means; `trainer submit`
+    runs its GPU jobs at INFO into per-rank files, which the EFA proof reads.
+    """
     env = {
         "FI_PROVIDER": "efa",
         "NCCL_NET_PLUGIN": "ofi",
         "NCCL_SOCKET_IFNAME": "eth0",
         "NCCL_DEBUG": cfg.nccl_debug,
-        CHECKPOINT_ENV: checkpoint_uri,
     }
     if not cfg.gpu.nvlink:
         env["NCCL_SHM_USE_CUDA_MEMCPY"] = "1"
@@ -104,7 +138,8 @@ def _stop_ray() -> dict:
     return {"preStop": {"exec": {"command": ["/bin/sh", "-c", "ray stop"]}}}
 
 
-def _container(name: str, image: str, env: list[dict], resources: dict[str, str], **extra) -> dict:
+def _container(name: str, image: str, env: list[dict], resources: dict[str, str], *,
+               extra_mounts: tuple[dict, ...] = (), **extra) -> dict:
     return {
         "name": name,
         "image": image,
@@ -112,20 +147,28 @@ def _container(name: str, image: str, env: list[dict], resources: dict[str, str]
         "env": env,
         "resources": {"requests": dict(resources), "limits": dict(resources)},
         "lifecycle": _stop_ray(),
-        "volumeMounts": [{"name": "ray-tmp", "mountPath": RAY_TMP}],
-        "securityContext": {"allowPrivilegeEscalation": False, "privileged": False},
+        "volumeMounts": [{"name": RAY_TMP_VOLUME, "mountPath": RAY_TMP}, *extra_mounts],
+        "securityContext": _security(),
         **extra,
     }
 
 
+def _security() -> dict:
+    return json.loads(json.dumps(CONTAINER_SECURITY))
+
+
 def _pod(cfg: StackConfig, container: dict, node_selector: dict, tolerations: list[dict], *,
-         extra_volumes: tuple[dict, ...] = (), annotations: dict[str, str] | None = None) -> dict:
+         extra_volumes: tuple[dict, ...] = (), annotations: dict[str, str] | None = None,
+         restart_policy: str | None = None) -> dict:
     spec = {
         "serviceAccountName": cfg.ray_service_account,
+        "securityContext": json.loads(json.dumps(POD_SECURITY)),
         "nodeSelector": dict(node_selector),
         "containers": [container],
-        "volumes": [{"name": "ray-tmp", "emptyDir": {}}, *extra_volumes],
+        "volumes": [{"name": RAY_TMP_VOLUME, "emptyDir": {}}, *extra_volumes],
     }
+    if restart_policy:
+        spec["restartPolicy"] = restart_policy
     if tolerations:
         spec["tolerations"] = [dict(t) for t in tolerations]
     pod_metadata = {"labels": {"app.kubernetes.io/part-of": cfg.project}}
@@ -145,15 +188,22 @@ def kube_api_volume() -> dict:
 
 
 def autoscaler_options(cfg: StackConfig, image: str) -> dict:
-    """KubeRay's in-tree autoscaler: removes a GPU worker after gpuIdleTimeoutMinutes without Ray work."""
+    """KubeRay's in-tree autoscaler (v2): removes a GPU worker after gpuIdleTimeoutMinutes without Ray work.
+
+    It mounts the head's own /tmp/ray volume: otherwise KubeRay gives it a separate `ray-logs`
+    emptyDir there (common/pod.go, addEmptyDir), and its events never reach the head's logs,
+    the dashboard or the job log.
+    """
     return {
+        "version": AUTOSCALER_VERSION,
         "idleTimeoutSeconds": cfg.gpu_idle_timeout_minutes * 60,
         "upscalingMode": "Default",
         "image": image,
         "imagePullPolicy": "IfNotPresent",
         "resources": {"requests": dict(AUTOSCALER_RESOURCES), "limits": dict(AUTOSCALER_RESOURCES)},
-        "securityContext": {"allowPrivilegeEscalation": False, "privileged": False},
-        "volumeMounts": [{"name": KUBE_API_VOLUME, "mountPath": KUBE_API_MOUNT, "readOnly": True}],
+        "securityContext": _security(),
+        "volumeMounts": [{"name": KUBE_API_VOLUME, "mountPath": KUBE_API_MOUNT, "readOnly": True},
+                         {"name": RAY_TMP_VOLUME, "mountPath": RAY_TMP}],
     }
 
 
@@ -168,12 +218,22 @@ def worker_scaling(cfg: StackConfig) -> dict[str, int]:
     return {"replicas": cfg.gpu_node_count, "minReplicas": cfg.gpu_node_count, "maxReplicas": cfg.gpu_node_count}
 
 
-def metadata(cfg: StackConfig) -> dict:
-    return {
+def metadata(cfg: StackConfig, spec: dict | None = None) -> dict:
+    """With scaleToZero and the spec at hand, the worker group's digest is an annotation (see WORKER_GROUP_DIGEST)."""
+    meta = {
         "name": cfg.ray_cluster_name,
         "namespace": cfg.ray_namespace,
         "labels": {"app.kubernetes.io/part-of": cfg.project},
     }
+    if cfg.scale_to_zero and spec is not None:
+        meta["annotations"] = {WORKER_GROUP_DIGEST: worker_group_digest(spec)}
+    return meta
+
+
+def worker_group_digest(spec: dict) -> str:
+    """sha256 of the declared worker groups, canonical JSON."""
+    text = json.dumps(spec["workerGroupSpecs"], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def spec(cfg: StackConfig, *, image: str, checkpoint_uri: str) -> dict:
@@ -192,8 +252,8 @@ def spec(cfg: StackConfig, *, image: str, checkpoint_uri: str) -> dict:
         resources=head_size(cfg.system).quantities(),
         ports=[{"name": name, "containerPort": port} for name, port in HEAD_PORTS.items()],
     )
-    worker = _container(WORKER_CONTAINER, image, env=worker_env(cfg, checkpoint_uri),
-                        resources=worker_resources(cfg.gpu))
+    worker = _container(WORKER_CONTAINER, image, env=worker_env(cfg), resources=worker_resources(cfg.gpu),
+                        extra_mounts=({"name": NCCL_LOG_VOLUME, "mountPath": NCCL_LOG_DIR},))
     autoscaled = cfg.scale_to_zero
     result = {
         "rayVersion": cfg.ray_version,
@@ -201,7 +261,7 @@ def spec(cfg: StackConfig, *, image: str, checkpoint_uri: str) -> dict:
         "enableInTreeAutoscaling": autoscaled,
         "headGroupSpec": {
             "serviceType": "ClusterIP",
-            "rayStartParams": {"num-gpus": "0", "dashboard-host": "0.0.0.0"},
+            "rayStartParams": {"num-cpus": "0", "num-gpus": "0", "dashboard-host": "0.0.0.0"},
             "template": _pod(cfg, head, nodes.SYSTEM_LABELS, [],
                              extra_volumes=(kube_api_volume(),) if autoscaled else ()),
         },
@@ -211,7 +271,9 @@ def spec(cfg: StackConfig, *, image: str, checkpoint_uri: str) -> dict:
             "numOfHosts": 1,
             "rayStartParams": {"num-gpus": str(cfg.gpu.gpus)},
             "template": _pod(cfg, worker, nodes.GPU_LABELS, [nodes.GPU_TOLERATION],
-                             annotations={SAFE_TO_EVICT: "false"} if autoscaled else None),
+                             extra_volumes=({"name": NCCL_LOG_VOLUME, "emptyDir": {}},),
+                             annotations={SAFE_TO_EVICT: "false"} if autoscaled else None,
+                             restart_policy=AUTOSCALED_WORKER_RESTART_POLICY if autoscaled else None),
         }],
     }
     if autoscaled:
@@ -221,5 +283,5 @@ def spec(cfg: StackConfig, *, image: str, checkpoint_uri: str) -> dict:
 
 def manifest(cfg: StackConfig, *, image: str, checkpoint_uri: str) -> dict:
     """The whole ray.io/v1 RayCluster object for this stack."""
-    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata(cfg),
-            "spec": spec(cfg, image=image, checkpoint_uri=checkpoint_uri)}
+    body = spec(cfg, image=image, checkpoint_uri=checkpoint_uri)
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata(cfg, body), "spec": body}

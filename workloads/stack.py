@@ -1,5 +1,13 @@
 """Apply the workloads to the cluster: one Kubernetes provider, namespaces, the IRSA service account,
-three Helm releases (four with scaleToZero: the Cluster Autoscaler) and the RayCluster.
+the Ray namespace's NetworkPolicies, three Helm releases (four with scaleToZero: the Cluster
+Autoscaler) and the RayCluster.
+
+With scaleToZero, KubeRay's autoscaler owns the RayCluster's worker group (see
+raycluster.WORKER_GROUP_DIGEST): `pulumi up` ignores changes to spec.workerGroupSpecs, which
+pulumi-kubernetes implements for server-side apply by leaving out of its apply a field another
+manager owns, or resending the live value (provider/pkg/await/await.go, handleSSAIgnoreFields),
+so an update never resets the autoscaler's replicas nor conflicts with it; a change to the worker
+group itself changes the digest annotation, which replaces the RayCluster.
 
 Every object here depends on the node groups (and CoreDNS) it is given, so `pulumi
 destroy` removes everything inside the cluster before any node group goes, and the
@@ -14,12 +22,20 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.config import StackConfig
-from workloads import charts, raycluster
+from workloads import charts, network_policy, raycluster
+from workloads import image as dlc_image
 
 IRSA_ANNOTATION = charts.IRSA_ANNOTATION
 # Pod Security Admission: refuses privileged, hostNetwork and hostPath pods in the Ray namespace.
 RAY_NAMESPACE_LABELS = {"pod-security.kubernetes.io/enforce": "baseline"}
 HELM_TIMEOUT_S = 900
+# scaleToZero: the worker group is the autoscaler's; its declared form is tracked by the digest annotation,
+# and the RayCluster (same name) is deleted before it is created again.
+RAYCLUSTER_AUTOSCALED_OPTIONS = {
+    "ignore_changes": ["spec.workerGroupSpecs"],
+    "replace_on_changes": [f'metadata.annotations["{raycluster.WORKER_GROUP_DIGEST}"]'],
+    "delete_before_replace": True,
+}
 
 
 class RayWorkloads(pulumi.ComponentResource):
@@ -72,22 +88,46 @@ class RayWorkloads(pulumi.ComponentResource):
                 timeout=HELM_TIMEOUT_S,
                 opts=in_cluster(*also))
 
+        self.image_pins: dict[str, list[pulumi.Resource]] = {}
+
+        def pinned(chart_name: str) -> pulumi.Output[str]:
+            """The chart's image pinned by digest, resolved at preview and kept in state like the DLC image."""
+            reference, pins = dlc_image.pin(
+                charts.image_to_pin(cfg, chart_name), name=f"{name}-{chart_name}-image",
+                subject=f"the {chart_name} chart's image ({charts.IMAGE_SOURCE})",
+                opts=pulumi.ResourceOptions(parent=self))
+            self.image_pins[chart_name] = pins
+            return reference
+
         for chart in charts.releases(cfg):
-            release(chart, chart.values, *([operator_namespace] if chart.namespace == charts.OPERATOR_NAMESPACE else []))
+            values = pinned(chart.release).apply(lambda ref, c=chart: charts.with_pinned_image(c, cfg, ref))
+            release(chart, values, *([operator_namespace] if chart.namespace == charts.OPERATOR_NAMESPACE else []))
         if cfg.scale_to_zero:
             # After the node groups and their ASG tags, like everything in the cluster, so it goes before
             # any node group on destroy; after its role's policy, so it starts able to act.
             release(charts.cluster_autoscaler(cfg, role_arn=""),
-                    pulumi.Output.from_input(autoscaler_role_arn).apply(
-                        lambda arn: charts.cluster_autoscaler(cfg, role_arn=arn).values),
+                    pulumi.Output.all(autoscaler_role_arn, pinned("cluster-autoscaler")).apply(
+                        lambda a: charts.with_pinned_image(charts.cluster_autoscaler(cfg, role_arn=a[0]), cfg, a[1])),
                     *autoscaler_dependencies)
 
+        self.network_policies = [
+            k8s.networking.v1.NetworkPolicy(
+                f"{name}-netpol-{policy['metadata']['name']}",
+                metadata=policy["metadata"], spec=policy["spec"], opts=in_cluster(self.namespace))
+            for policy in network_policy.policies(cfg)
+        ]
+
+        manifest = pulumi.Output.all(image, checkpoint_uri).apply(
+            lambda a: raycluster.manifest(cfg, image=a[0], checkpoint_uri=a[1]))
+        cluster_opts = in_cluster(self.namespace, self.service_account, *self.network_policies,
+                                  *self.releases.values())
+        if cfg.scale_to_zero:
+            cluster_opts = pulumi.ResourceOptions.merge(cluster_opts, pulumi.ResourceOptions(**RAYCLUSTER_AUTOSCALED_OPTIONS))
         self.ray_cluster = k8s.apiextensions.CustomResource(
             f"{name}-raycluster",
             api_version=raycluster.API_VERSION,
             kind=raycluster.KIND,
-            metadata=raycluster.metadata(cfg),
-            spec=pulumi.Output.all(image, checkpoint_uri).apply(
-                lambda a: raycluster.spec(cfg, image=a[0], checkpoint_uri=a[1])),
-            opts=in_cluster(self.namespace, self.service_account, *self.releases.values()))
+            metadata=manifest.apply(lambda m: m["metadata"]),
+            spec=manifest.apply(lambda m: m["spec"]),
+            opts=cluster_opts)
         self.register_outputs({})

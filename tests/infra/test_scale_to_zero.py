@@ -114,8 +114,8 @@ def test_the_autoscaler_image_follows_the_kubernetes_minor(kubernetes):
 
 def test_an_image_tag_with_a_digest_is_kept_as_given():
     pinned = "v1.36.1@sha256:" + "0f" * 32
-    cfg = config(scaleToZero=True, clusterAutoscalerImageTag=pinned, clusterAutoscalerVersion="9.47.0")
-    assert cfg.cluster_autoscaler_image_tag == pinned and cfg.cluster_autoscaler_version == "9.47.0"
+    cfg = config(scaleToZero=True, clusterAutoscalerImageTag=pinned, clusterAutoscalerVersion="9.54.0")
+    assert cfg.cluster_autoscaler_image_tag == pinned and cfg.cluster_autoscaler_version == "9.54.0"
     assert charts.cluster_autoscaler(cfg, role_arn="arn:x").values["image"]["tag"] == pinned
 
 
@@ -225,7 +225,10 @@ def test_cluster_autoscaler_release(runs, stack):
     assert inputs["atomic"] is True
     values = inputs["values"]
     role_arn = r.result.outputs["clusterAutoscalerRoleArn"]
-    assert values == charts.cluster_autoscaler(cfg, role_arn=role_arn).values
+    from workloads.image import PLACEHOLDER_DIGEST  # the chart's image is pinned like the DLC image
+
+    assert values == charts.with_pinned_image(charts.cluster_autoscaler(cfg, role_arn=role_arn), cfg,
+                                              f"{charts.AUTOSCALER_IMAGE}@{PLACEHOLDER_DIGEST}")
     assert values["cloudProvider"] == "aws" and values["awsRegion"] == "us-east-1"
     assert values["autoDiscovery"]["clusterName"] == r.result.outputs["clusterName"]
     # it discovers exactly the groups carrying the tags put on the GPU ASG
@@ -236,7 +239,8 @@ def test_cluster_autoscaler_release(runs, stack):
     assert sa["annotations"] == {"eks.amazonaws.com/role-arn": role_arn}
     system = r.result.one(NODE_GROUP, "system-ng").inputs["labels"]
     assert values["nodeSelector"] == system and "tolerations" not in values
-    assert values["image"] == {"repository": "registry.k8s.io/autoscaling/cluster-autoscaler", "tag": "v1.36.1"}
+    assert values["image"] == {"repository": "registry.k8s.io/autoscaling/cluster-autoscaler",
+                               "tag": f"v1.36.1@{PLACEHOLDER_DIGEST}"}
     assert values["service"]["type"] == "ClusterIP"
 
 
@@ -394,7 +398,8 @@ def test_scale_to_zero_changes_only_the_gpu_node_group_and_the_raycluster(fixed_
     scaled = {(x.type, x.name): x.inputs for x in runs["dev"].result.resources}
     added = set(scaled) - set(fixed)
     assert not set(fixed) - set(scaled)
-    assert {t for t, _ in added} == {ASG_TAG, ROLE, ROLE_POLICY, RELEASE, "raytrain:infra:ClusterAutoscalerRole"}
+    assert {t for t, _ in added} == {ASG_TAG, ROLE, ROLE_POLICY, RELEASE, "raytrain:infra:ClusterAutoscalerRole",
+                                     "pulumi-python:dynamic/raytrain:PinnedImage"}  # the autoscaler image's pin
     assert len([k for k in added if k[0] == ASG_TAG]) == len(autoscaling.asg_tags(config(scaleToZero=True)))
     changed = {k for k in fixed if fixed[k] != scaled[k]}
     assert changed == {(NODE_GROUP, "gpu-ng"), (RAYCLUSTER, "ray-raycluster")}

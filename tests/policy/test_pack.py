@@ -100,7 +100,9 @@ def test_analyze_reports_a_violation_as_mandatory_and_passes_a_compliant_resourc
 def test_unknown_image_during_preview_is_advisory_but_a_known_exposure_still_blocks(analyzer):
     cluster = {"metadata": {"namespace": "ray"}, "spec": {"headGroupSpec": {
         "serviceType": "LoadBalancer",
-        "template": {"spec": {"containers": [{"name": "ray-head", "image": UNKNOWN}]}}}}}
+        "template": {"spec": {"securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+                              "containers": [{"name": "ray-head", "image": UNKNOWN, "securityContext": {
+                                  "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}]}}}}}
     diags = {d.policyName: d for d in analyze(analyzer, "kubernetes:ray.io/v1:RayCluster", cluster)}
     assert set(diags) == {"images-by-digest", "ray-not-exposed"}
     assert diags["images-by-digest"].enforcementLevel == analyzer_pb2.ADVISORY

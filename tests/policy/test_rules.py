@@ -184,10 +184,16 @@ def test_legacy_ingress_backend_spelling():
 RAY_CLUSTER = "kubernetes:ray.io/v1:RayCluster"
 
 
+LEAST_PRIVILEGE = {"allowPrivilegeEscalation": False, "privileged": False, "capabilities": {"drop": ["ALL"]}}
+
+
 def ray_cluster(**head) -> dict:
     return {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "raytrain", "namespace": "ray"},
             "spec": {"headGroupSpec": {"rayStartParams": {"dashboard-host": "0.0.0.0"},
-                                       "template": {"spec": {"containers": [{"name": "ray-head", "image": DIGEST}]}},
+                                       "template": {"spec": {
+                                           "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+                                           "containers": [{"name": "ray-head", "image": DIGEST,
+                                                           "securityContext": dict(LEAST_PRIVILEGE)}]}},
                                        **head}}}
 
 
@@ -451,3 +457,87 @@ def test_bad_config_names_the_setting_and_the_fix(rule, config, expected):
 
 def test_config_from_the_engine_integer_floats_and_enforcement_level_are_accepted():
     assert BY_NAME["max-gpu-nodes"].config({"maxGpuNodes": 2.0, "enforcementLevel": "advisory"}) == {"maxGpuNodes": 2}
+
+
+# --- images-by-digest: the Helm releases' images --------------------------------------------------------
+
+HELM = "kubernetes:helm.sh/v3:Release"
+
+
+def test_a_helm_release_image_pinned_by_digest_passes():
+    values = {"image": {"repository": "quay.io/kuberay/operator", "tag": "v1.7.0@sha256:" + "ab" * 32}}
+    assert check("images-by-digest", HELM, {"chart": "kuberay-operator", "values": values}) == []
+
+
+@pytest.mark.parametrize("values, says", [
+    ({}, "values.image is not set"),
+    ({"image": {"repository": "quay.io/kuberay/operator", "tag": "v1.7.0"}}, "'v1.7.0' is not pinned by digest"),
+    ({"image": {"repository": "nvcr.io/nvidia/k8s-device-plugin"}}, "None is not pinned by digest"),
+])
+def test_a_helm_release_image_by_tag_only_is_refused(values, says):
+    (message,) = check("images-by-digest", HELM, {"chart": "x", "values": values})
+    assert says in message
+
+
+# --- ray-pods-least-privileged -----------------------------------------------------------------------------
+
+def test_least_privileged_ray_pods_pass():
+    assert check("ray-pods-least-privileged", RAY_CLUSTER, ray_cluster()) == []
+    assert check("ray-pods-least-privileged", "kubernetes:apps/v1:Deployment", {"spec": {}}) == []
+
+
+@pytest.mark.parametrize("change, says", [
+    (lambda c: c["securityContext"].pop("capabilities"), "capabilities must drop ALL"),
+    (lambda c: c["securityContext"].update(capabilities={"drop": ["ALL"], "add": ["IPC_LOCK"]}), "add none"),
+    (lambda c: c["securityContext"].update(allowPrivilegeEscalation=True), "allowPrivilegeEscalation false"),
+    (lambda c: c.pop("securityContext"), "capabilities must drop ALL"),
+])
+def test_a_ray_container_with_privileges_is_refused(change, says):
+    body = ray_cluster()
+    change(body["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0])
+    messages = check("ray-pods-least-privileged", RAY_CLUSTER, body)
+    assert any(says in m for m in messages), messages
+
+
+def test_a_ray_pod_without_a_seccomp_profile_is_refused_and_the_autoscaler_is_checked_too():
+    body = ray_cluster()
+    del body["spec"]["headGroupSpec"]["template"]["spec"]["securityContext"]
+    body["spec"]["autoscalerOptions"] = {"securityContext": {"allowPrivilegeEscalation": False}}
+    messages = check("ray-pods-least-privileged", RAY_CLUSTER, body)
+    assert any("no seccomp profile" in m for m in messages)
+    assert any(m.startswith("spec.autoscalerOptions: capabilities must drop ALL") for m in messages)
+
+
+def test_the_programs_rayclusters_are_least_privileged_in_a_default_deny_namespace(plans):
+    rule = next(r for r in rules.RULES if r.name == "ray-namespace-default-deny")
+    for name, plan in plans.items():
+        (cluster,) = plan.of_type(RAY_CLUSTER)
+        assert check("ray-pods-least-privileged", RAY_CLUSTER, cluster.inputs) == [], name
+        assert rule.validate(plan.stack_resources(), {}) == [], name
+
+
+# --- ray-namespace-default-deny -------------------------------------------------------------------------
+
+def _stack_with(*policies) -> list:
+    cluster = rules.Resource(RAY_CLUSTER, "ray-raycluster", ray_cluster(), "urn:ray")
+    return [cluster, *(rules.Resource(rules.NETWORK_POLICY, f"np{i}", p, f"urn:np{i}") for i, p in enumerate(policies))]
+
+
+DENY = {"metadata": {"namespace": "ray"}, "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}}
+
+
+def test_a_default_deny_policy_in_the_ray_namespace_passes():
+    rule = next(r for r in rules.RULES if r.name == "ray-namespace-default-deny")
+    assert rule.validate(_stack_with(DENY), {}) == []
+
+
+@pytest.mark.parametrize("policies", [
+    (),
+    ({"metadata": {"namespace": "other"}, "spec": DENY["spec"]},),
+    ({"metadata": {"namespace": "ray"}, "spec": {"podSelector": {"matchLabels": {"a": "b"}}, "policyTypes": ["Ingress"]}},),
+    ({"metadata": {"namespace": "ray"}, "spec": {"podSelector": {}, "policyTypes": ["Ingress"], "ingress": [{}]}},),
+])
+def test_a_ray_namespace_without_default_deny_is_refused(policies):
+    rule = next(r for r in rules.RULES if r.name == "ray-namespace-default-deny")
+    (violation,) = rule.validate(_stack_with(*policies), {})
+    assert "has no NetworkPolicy denying all ingress" in violation.message and violation.urn == "urn:ray"

@@ -45,16 +45,28 @@ def job_args(demo_assets, trainer_cache, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def succeeded(ray_cluster, job_args):
+    """No --storage-path: the run goes where the cluster's CHECKPOINT_URI says, as on the RayCluster's head."""
     storage, args = job_args
+    at = args.index("--storage-path")
+    args = [*args[:at], *args[at + 2:], "--env", f"CHECKPOINT_URI={storage}"]
     proc = cli("submit", "--address", ray_cluster.dashboard_url, "--run-name", "submit-ok", *args,
                env=ray_cluster.client_env())
     return proc, storage / "submit-ok"
 
 
+def test_the_default_storage_is_named_the_same_on_both_sides():
+    from trainer import launch, submit
+    from workloads import raycluster
+
+    assert launch.CHECKPOINT_ENV == submit.CHECKPOINT_ENV == raycluster.CHECKPOINT_ENV == "CHECKPOINT_URI"
+    assert launch.storage_default({"CHECKPOINT_URI": "s3://b"}) == {"storage_path": "s3://b"}
+    assert launch.storage_default({}) is None
+
+
 def test_a_submitted_job_streams_its_logs_and_succeeds(succeeded):
     proc, run = succeeded
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "Submitted run submit-ok" in proc.stdout
+    assert "Submitted run submit-ok" in proc.stdout and "the cluster's CHECKPOINT_URI/submit-ok" in proc.stdout
     assert "done: run folder" in proc.stdout  # the job's own output, streamed back
     assert "Run submit-ok: SUCCEEDED" in proc.stderr
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [2, 4]
@@ -236,11 +248,29 @@ def test_stack_outputs_name_the_service_and_kubeconfig(fake_tools, succeeded):
 
 
 def test_local_inputs_are_refused_for_a_port_forwarded_cluster(fake_tools, job_args):
-    env, _ = fake_tools
+    env, tmp = fake_tools
     _, args = job_args
-    proc = cli("submit", "--stack", "dev", "--run-name", "remote", *args, env=env, timeout=120)
+    scratch = tmp / "scratch"  # where tempfile puts the kubeconfig (TMPDIR)
+    scratch.mkdir()
+    proc = cli("submit", "--stack", "dev", "--run-name", "remote", *args, env={**env, "TMPDIR": str(scratch)},
+               timeout=120)
     assert proc.returncode == 2
     assert "--dataset" in proc.stderr and "cluster cannot read" in proc.stderr
+    assert list(scratch.iterdir()) == []  # the secret kubeconfig is removed on the refusal path too
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["submit", "--model", "m", "--dataset", "s3://b/d.jsonl", "--storage-path", "s3://b/runs", "--device", "gpu",
+      "--env", "NCCL_DEBUG=WARN"], "--env NCCL_DEBUG=WARN"),
+    (["nccl-bench", "--instance-type", "m7i.large"], "--instance-type m7i.large: not in the instance catalog"),
+])
+def test_every_refusal_removes_the_stacks_kubeconfig(fake_tools, argv, error):
+    env, tmp = fake_tools
+    scratch = tmp / "scratch"
+    scratch.mkdir()
+    proc = cli(*argv, "--stack", "dev", env={**env, "TMPDIR": str(scratch)}, timeout=120)
+    assert proc.returncode == 2 and error in proc.stderr, proc.stderr
+    assert list(scratch.iterdir()) == []
 
 
 def test_nccl_bench_runs_as_a_job_over_gloo(ray_cluster):
@@ -253,3 +283,81 @@ def test_nccl_bench_runs_as_a_job_over_gloo(ray_cluster):
     sizes = [int(m.group(1)) for m in map(row.search, proc.stdout.splitlines()) if m]
     assert sizes[:10] == [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
     assert "2 ranks on 1 node(s), backend gloo" in proc.stdout
+
+
+# --- the NCCL debug file's directory (GPU jobs) -----------------------------------------------------
+
+PROBE = '''
+import os, sys
+import ray
+from ray.train import RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+from trainer import efa
+
+def where():
+    return os.getpid(), str(efa.debug_file_dir(os.environ["NCCL_DEBUG_FILE"])), \\
+        efa.debug_file_dir(os.environ["NCCL_DEBUG_FILE"]).is_dir()
+
+def train_fn(_):
+    pid, folder, exists = where()
+    print(f"PROBE train-worker pid={pid} dir={folder} exists={exists}", flush=True)
+    assert exists, folder
+
+ray.init()
+pid, folder, exists = ray.get(ray.remote(where).remote())
+print(f"PROBE task pid={pid} dir={folder} exists={exists}", flush=True)
+TorchTrainer(train_fn, scaling_config=ScalingConfig(num_workers=2),
+             run_config=RunConfig(name="nccl-dir-probe", storage_path=sys.argv[1])).fit()
+print("PROBE done", flush=True)
+'''
+
+
+def test_a_gpu_jobs_nccl_debug_file_directory_exists_in_every_worker_before_nccl_starts(ray_cluster, tmp_path):
+    """The job as `submit` sets it up for a GPU run, on a fresh, empty /tmp/ray-like folder.
+
+    NCCL opens NCCL_DEBUG_FILE with fopen at its first call and creates no directory (NCCL
+    src/debug.cc): without the folder, the output goes to stdout and the EFA check finds nothing.
+    Ray runs the job's worker_process_setup_hook in every worker process before the worker's main
+    loop (ray/_private/workers/default_worker.py), so before any task, actor constructor or Ray
+    Train's process-group setup, where NCCL starts. Fails on a runtime_env without the hook.
+    """
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    from trainer import config, efa, submit
+
+    ray_tmp = tmp_path / "ray"  # what the pod's empty /tmp/ray volume is at start
+    ray_tmp.mkdir()
+    cfg = config.parse(["--model", "m", "--dataset", "d.jsonl", "--device", "gpu"])
+    env = submit.job_environment(cfg, None, {}, log_dir=str(ray_tmp / "nccl"))
+    assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_DEBUG_FILE"] == f"{ray_tmp}/nccl/nccl.%h.%p.log"
+    working_dir = submit.stage_package(tmp_path / "job")
+    (working_dir / "probe.py").write_text(PROBE)
+    spec = submit.runtime_env(working_dir, [], env)
+    assert spec["worker_process_setup_hook"] == efa.SETUP_HOOK
+    assert not (ray_tmp / "nccl").exists()
+
+    client = JobSubmissionClient(ray_cluster.dashboard_url)
+    job = submit.submit_when_ready(client, entrypoint=f"python probe.py {tmp_path / 'runs'}", runtime_env=spec,
+                                   submission_id="nccl-dir-probe")
+    deadline = time.monotonic() + 300
+    while not client.get_job_status(job).is_terminal() and time.monotonic() < deadline:
+        time.sleep(1)
+    logs = client.get_job_logs(job)
+    assert client.get_job_status(job) == JobStatus.SUCCEEDED, logs[-3000:]
+    probes = re.findall(r"PROBE (task|train-worker) pid=(\d+) dir=(\S+) exists=(\w+)", logs)
+    assert {kind for kind, *_ in probes} == {"task", "train-worker"}
+    assert len({pid for kind, pid, *_ in probes if kind == "train-worker"}) == 2
+    assert all(folder == str(ray_tmp / "nccl") and exists == "True" for _, _, folder, exists in probes), probes
+
+
+def test_lowering_nccl_debug_needs_the_efa_check_off():
+    from trainer import config, submit
+
+    cfg = config.parse(["--model", "m", "--dataset", "d.jsonl", "--device", "gpu"])
+    with pytest.raises(submit.SubmitError, match=r"--env NCCL_DEBUG=WARN: the EFA check reads NCCL's INFO lines"):
+        submit.job_environment(cfg, None, {"NCCL_DEBUG": "WARN"})
+    assert submit.job_environment(cfg, False, {"NCCL_DEBUG": "WARN"})["NCCL_DEBUG"] == "WARN"
+    assert submit.job_environment(cfg, True, {"NCCL_DEBUG": "TRACE"})["NCCL_DEBUG"] == "TRACE"
+    cpu = config.parse(["--model", "m", "--dataset", "d.jsonl", "--device", "cpu"])
+    assert submit.job_environment(cpu, None, {}) == {}
+    assert "worker_process_setup_hook" not in submit.runtime_env(Path("."), [], {})

@@ -1,4 +1,4 @@
-"""Fixtures for the workloads tests: the real KubeRay CRD, stack runs under mocks that also record
+"""Fixtures for the workloads tests: the real KubeRay CRD (tests.upstream), stack runs under mocks that also record
 each resource's dependencies and provider, and a small OCI registry served on localhost."""
 from __future__ import annotations
 
@@ -15,15 +15,16 @@ import pytest
 import yaml
 
 from infra import config, offline, plan
+from tests import upstream
 
 REPO = Path(__file__).resolve().parents[2]
-CRD_PATH = REPO.parent / "shared" / "reference" / "kuberay" / "ray.io_rayclusters.yaml"
 
 
 # --- the RayCluster CRD ------------------------------------------------------------------------
 
 def _load_schema() -> dict:
-    crd = yaml.load(CRD_PATH.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    crd_path = upstream.path("ray.io_rayclusters.yaml")  # KubeRay v1.7.0; `python -m tests.upstream fetch`
+    crd = yaml.load(crd_path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
     return v1["schema"]["openAPIV3Schema"]
 

@@ -105,3 +105,23 @@ def test_cluster_autoscaler_values_are_fresh_copies():
     values["extraArgs"]["expander"] = "random"
     again = charts.cluster_autoscaler(cfg, role_arn=ROLE).values
     assert again["nodeSelector"] == {"role": "system"} and again["extraArgs"]["expander"] == "least-waste"
+
+
+@pytest.mark.parametrize("kubernetes, too_old, oldest_ok", [("1.34", "9.46.6", "9.47.0"), ("1.35", "9.53.0", "9.54.0"),
+                                                            ("1.36", "9.53.0", "9.54.0")])
+def test_the_oldest_autoscaler_chart_follows_the_kubernetes_version(kubernetes, too_old, oldest_ok):
+    """CA 1.35/1.36 watch resource.k8s.io objects; charts before 9.54.0 grant no RBAC for them (never scales)."""
+    with pytest.raises(ConfigError) as err:
+        stack_config("dev", scaleToZero=True, kubernetesVersion=kubernetes, clusterAutoscalerVersion=too_old)
+    assert f"raytrain-eks:clusterAutoscalerVersion: {too_old} is older than" in str(err.value) \
+        or f"raytrain-eks:clusterAutoscalerVersion: chart {too_old} is older than {oldest_ok}" in str(err.value)
+    assert "never scales" in str(err.value)
+    cfg = stack_config("dev", scaleToZero=True, kubernetesVersion=kubernetes, clusterAutoscalerVersion=oldest_ok)
+    assert charts.cluster_autoscaler(cfg, role_arn=ROLE).version == oldest_ok
+
+
+def test_a_dra_era_chart_message_names_the_kubernetes_version():
+    with pytest.raises(ConfigError) as err:
+        stack_config("dev", scaleToZero=True, kubernetesVersion="1.35", clusterAutoscalerVersion="9.50.0")
+    assert ("clusterAutoscalerVersion: chart 9.50.0 is older than 9.54.0, the first whose ClusterRole lets Cluster "
+            "Autoscaler 1.35 watch resource.k8s.io (DRA) objects") in str(err.value)

@@ -207,3 +207,14 @@ def test_the_provider_works_after_pulumi_serializes_it(registry, tmp_path):
     assert proc.stdout.split() == ["5", INDEX_DIGEST]
     assert base64.b64decode(blob.read_text())  # plain, not a secret: the provider holds only a timeout
     assert ImageDigestProvider.serialize_as_secret_always is False
+
+
+def test_a_charts_image_failure_names_the_chart_not_the_dlc_key(registry):
+    """Chart images are pinned by the same resolver; their errors say whose image it is."""
+    subject = "the kuberay-operator chart's image (chart_image() in workloads/charts.py)"
+    provider = ImageDigestProvider(timeout_s=5, subject=subject)
+    ref = registry.image("team/operator", "missing")
+    (failure,) = provider.check({}, {"image": ref}).failures
+    assert failure.reason.startswith(subject + ": ") and "raytrain-eks:dlcImage" not in failure.reason
+    assert "does not exist" in failure.reason and "@sha256:<64 hex>" in failure.reason
+    assert provider.check({}, {"image": registry.image("team/operator", "v1")}).inputs["digest"] == INDEX_DIGEST

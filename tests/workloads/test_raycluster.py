@@ -166,7 +166,7 @@ def test_worker_environment(gpu_type):
     assert env["FI_PROVIDER"] == "efa"
     assert env["NCCL_SOCKET_IFNAME"] == "eth0"
     assert env["NCCL_DEBUG"] == "INFO"
-    assert env[raycluster.CHECKPOINT_ENV] == CHECKPOINTS
+    assert raycluster.CHECKPOINT_ENV not in env  # read on the head only, by the job's driver
     nvlink = catalog.GPU_TYPES[gpu_type].nvlink
     assert ("NCCL_SHM_USE_CUDA_MEMCPY" in env) is (not nvlink)
     if not nvlink:
@@ -278,7 +278,7 @@ def test_only_the_autoscaler_sidecar_gets_a_kubernetes_api_token():
     _, pod, head = head_of(manifest)
     options = manifest["spec"]["autoscalerOptions"]
     assert "automountServiceAccountToken" not in pod  # the service account keeps it off for Ray's own containers
-    (mount,) = options["volumeMounts"]
+    (mount,) = [m for m in options["volumeMounts"] if m["name"] == raycluster.KUBE_API_VOLUME]
     assert mount == {"name": raycluster.KUBE_API_VOLUME, "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
                      "readOnly": True}
     (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
@@ -287,7 +287,8 @@ def test_only_the_autoscaler_sidecar_gets_a_kubernetes_api_token():
     assert [i["path"] for s in sources if "configMap" in s for i in s["configMap"]["items"]] == ["ca.crt"]
     assert [i["path"] for s in sources if "downwardAPI" in s for i in s["downwardAPI"]["items"]] == ["namespace"]
     assert all(m["mountPath"] != mount["mountPath"] for m in head["volumeMounts"])
-    assert options["securityContext"] == {"allowPrivilegeEscalation": False, "privileged": False}
+    assert options["securityContext"] == {"allowPrivilegeEscalation": False, "privileged": False,
+                                          "capabilities": {"drop": ["ALL"]}}
 
 
 @pytest.mark.parametrize("system_type", sorted(catalog.CPU_TYPES))
@@ -317,3 +318,91 @@ def test_autoscaled_manifest_is_pure():
     first["spec"]["workerGroupSpecs"][0]["template"]["metadata"]["annotations"].clear()
     assert raycluster.AUTOSCALER_RESOURCES["cpu"] == "250m"
     assert raycluster.manifest(cfg, image=IMAGE, checkpoint_uri=CHECKPOINTS) == snapshot
+
+
+# --- what KubeRay v1.7.0 does with the manifest (ray-operator/controllers/ray/common/pod.go) --------------
+
+def kuberay_worker_restart_policy(manifest) -> str:
+    """DefaultWorkerPodTemplate: Never only with autoscaling and autoscalerOptions.version v2, else the template's."""
+    spec = manifest["spec"]
+    template = spec["workerGroupSpecs"][0]["template"]["spec"]
+    v2 = spec.get("enableInTreeAutoscaling") and (spec.get("autoscalerOptions") or {}).get("version") == "v2"
+    return "Never" if v2 else template.get("restartPolicy", "Always")
+
+
+def kuberay_autoscaler_mounts(manifest) -> dict[str, str]:
+    """BuildPod's addEmptyDir: a separate `ray-logs` emptyDir at /tmp/ray unless the sidecar mounts one there."""
+    mounts = {m["mountPath"]: m["name"] for m in manifest["spec"]["autoscalerOptions"].get("volumeMounts", [])}
+    mounts.setdefault("/tmp/ray", "ray-logs")
+    return mounts
+
+
+def test_autoscaler_v2_is_explicit_and_workers_never_restart_in_place(raycluster_schema):
+    """Ray's KubeRay autoscaling guide asks for restartPolicy Never; KubeRay sets it only for an explicit v2."""
+    manifest = autoscaled()
+    options = manifest["spec"]["autoscalerOptions"]
+    assert options["version"] == "v2"
+    enum = raycluster_schema.schema["properties"]["spec"]["properties"]["autoscalerOptions"]["properties"]["version"]
+    assert "v2" in enum["enum"]
+    _, pod, _ = worker_of(manifest)
+    assert pod["restartPolicy"] == "Never" == kuberay_worker_restart_policy(manifest)
+    fixed = build()
+    assert "restartPolicy" not in worker_of(fixed)[1] and "autoscalerOptions" not in fixed["spec"]
+
+
+def test_autoscaler_sidecar_writes_into_the_heads_ray_logs():
+    manifest = autoscaled()
+    _, pod, head = head_of(manifest)
+    (head_tmp,) = [m for m in head["volumeMounts"] if m["mountPath"] == "/tmp/ray"]
+    assert kuberay_autoscaler_mounts(manifest)["/tmp/ray"] == head_tmp["name"]
+    assert head_tmp["name"] in {v["name"] for v in pod["volumes"]}
+
+
+def test_the_nccl_debug_files_folder_is_its_own_volume_on_every_worker():
+    """The folder submit's NCCL_DEBUG_FILE points into exists before any process of the pod starts."""
+    from trainer import efa, submit
+
+    folder = efa.debug_file_dir(submit.job_environment(_gpu_job(), None, {})["NCCL_DEBUG_FILE"])
+    for manifest in (build(), autoscaled(), build("p5")):
+        _, pod, container = worker_of(manifest)
+        (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == str(folder)]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+        assert volume == {"name": raycluster.NCCL_LOG_VOLUME, "emptyDir": {}}
+        assert str(folder).startswith(raycluster.RAY_TMP + "/")  # nested in /tmp/ray: `kubectl cp` finds it there
+
+
+def _gpu_job():
+    from trainer import config
+
+    return config.parse(["--model", "m", "--dataset", "d.jsonl", "--device", "gpu"])
+
+
+@pytest.mark.parametrize("manifest", [build(), build(scaleToZero=True)], ids=["fixed", "scaleToZero"])
+def test_every_ray_container_drops_all_capabilities_under_the_runtime_seccomp_profile(manifest):
+    pods = [head_of(manifest)[1], worker_of(manifest)[1]]
+    containers = [pod["containers"][0] for pod in pods]
+    if "autoscalerOptions" in manifest["spec"]:
+        containers.append(manifest["spec"]["autoscalerOptions"])
+    for pod in pods:
+        assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+    for container in containers:
+        security = container["securityContext"]
+        assert security["capabilities"] == {"drop": ["ALL"]} and "add" not in security["capabilities"]
+        assert security["allowPrivilegeEscalation"] is False and security["privileged"] is False
+
+
+def test_the_head_advertises_no_cpus_to_ray():
+    head, _, _ = head_of(build())
+    assert head["rayStartParams"]["num-cpus"] == "0" and head["rayStartParams"]["num-gpus"] == "0"
+
+
+def test_the_worker_group_digest_follows_the_worker_group_only():
+    first = autoscaled()
+    digest = first["metadata"]["annotations"][raycluster.WORKER_GROUP_DIGEST]
+    assert digest == raycluster.worker_group_digest(first["spec"]) and len(digest) == 64
+    assert autoscaled(gpuIdleTimeoutMinutes=30)["metadata"]["annotations"][raycluster.WORKER_GROUP_DIGEST] == digest
+    other_image = raycluster.manifest(stack_config("dev", scaleToZero=True), image=IMAGE.replace("ab", "cd"),
+                                      checkpoint_uri=CHECKPOINTS)
+    assert other_image["metadata"]["annotations"][raycluster.WORKER_GROUP_DIGEST] != digest
+    assert autoscaled(gpuNodeCount=3)["metadata"]["annotations"][raycluster.WORKER_GROUP_DIGEST] != digest
+    assert "annotations" not in build()["metadata"]

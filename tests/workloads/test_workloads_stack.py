@@ -20,6 +20,7 @@ PINNED = re.compile(r"@sha256:[0-9a-f]{64}$")
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
 RAYCLUSTER = "kubernetes:ray.io/v1:RayCluster"
 RELEASE = "kubernetes:helm.sh/v3:Release"
+NETPOL = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
 DIGEST_IMAGE = "public.ecr.aws/deep-learning-containers/ray@sha256:" + "5e" * 32
 
 
@@ -71,7 +72,7 @@ def test_declares_every_kubernetes_object_through_one_provider(run):
     objects = kubernetes(run)
     assert sorted(r.type for r in objects) == sorted([
         "kubernetes:core/v1:Namespace", "kubernetes:core/v1:Namespace", "kubernetes:core/v1:ServiceAccount",
-        RELEASE, RELEASE, RELEASE, RAYCLUSTER])
+        NETPOL, NETPOL, RELEASE, RELEASE, RELEASE, RAYCLUSTER])
     for r in objects:
         (reg,) = [g for g in run.registrations.values() if g.type == r.type and g.name == r.name]
         assert reg.provider.startswith(provider_urn + "::"), r.name
@@ -84,7 +85,9 @@ def test_helm_releases_carry_chart_version_repository_and_values(run):
         inputs = recorded[spec.release]
         assert (inputs["chart"], inputs["version"], inputs["repositoryOpts"], inputs["namespace"]) == (
             spec.chart, spec.version, {"repo": spec.repository}, spec.namespace)
-        assert inputs["values"] == spec.values
+        pinned = f"{charts.chart_image(cfg, spec.release)[0]}@{image.PLACEHOLDER_DIGEST}"
+        assert inputs["values"] == charts.with_pinned_image(spec, cfg, pinned)
+        assert inputs["values"]["image"]["tag"].endswith("@" + image.PLACEHOLDER_DIGEST)
         assert inputs["atomic"] is True  # a failed install is rolled back, not left half-created
 
 
@@ -110,7 +113,8 @@ def test_ray_namespace_and_irsa_service_account(run):
 
 def test_dlc_image_is_pinned_by_a_dynamic_resource_and_exported(run):
     cfg = stack_config(run.result.outputs["clusterName"].rsplit("-", 1)[-1])
-    (pin,) = [r for r in run.result.resources if r.type == "pulumi-python:dynamic/raytrain:PinnedImage"]
+    (pin,) = [r for r in run.result.resources
+              if r.type == "pulumi-python:dynamic/raytrain:PinnedImage" and r.name == "dlc-image"]
     assert pin.inputs["image"] == cfg.dlc_image == "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1"
     assert "__provider" in pin.inputs  # the pickled ImageDigestProvider travels in state
     exported = run.result.outputs["dlcImage"]
@@ -212,7 +216,8 @@ def test_aws_layer_waits_for_addons_policies_and_nat_route(dev_run):
 
 def test_a_configured_digest_is_used_as_is():
     run = run_stack("dev", dlcImage=DIGEST_IMAGE)
-    assert not [r for r in run.result.resources if r.type.startswith("pulumi-python:dynamic")]
+    pins = {r.name for r in run.result.resources if r.type.startswith("pulumi-python:dynamic")}
+    assert pins == {f"ray-{c}-image" for c in ("nvidia-device-plugin", "aws-efa-k8s-device-plugin", "kuberay-operator")}
     assert run.result.outputs["dlcImage"] == DIGEST_IMAGE
     spec = run.result.one(RAYCLUSTER).inputs["spec"]
     images = {spec["headGroupSpec"]["template"]["spec"]["containers"][0]["image"],
@@ -237,6 +242,7 @@ def test_the_plan_writes_the_raycluster_and_the_releases(tmp_path, raycluster_sc
     written = {p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.yaml")}
     assert {"kubernetes/raycluster-raytrain.yaml", "kubernetes/serviceaccount-ray-train.yaml",
             "kubernetes/namespace-ray.yaml", f"kubernetes/namespace-{charts.OPERATOR_NAMESPACE}.yaml",
+            "kubernetes/networkpolicy-default-deny-ingress.yaml", "kubernetes/networkpolicy-raytrain-ray-ingress.yaml",
             "helm/release-nvidia-device-plugin.yaml", "helm/release-aws-efa-k8s-device-plugin.yaml",
             "helm/release-kuberay-operator.yaml"} == written
     cluster = yaml.safe_load((tmp_path / "kubernetes/raycluster-raytrain.yaml").read_text())
@@ -247,3 +253,96 @@ def test_the_plan_writes_the_raycluster_and_the_releases(tmp_path, raycluster_sc
     assert (operator["chart"], operator["version"], operator["repository"]) == (
         "kuberay-operator", "1.7.0", charts.KUBERAY_REPOSITORY)
     assert operator["values"]["nodeSelector"] == {"role": "system"}
+
+
+# --- NetworkPolicies: only the Ray cluster reaches its pods --------------------------------------------------
+
+def test_the_ray_namespace_denies_ingress_but_between_ray_pods(run):
+    cfg = stack_config(run.result.outputs["clusterName"].rsplit("-", 1)[-1])
+    policies = {r.inputs["metadata"]["name"]: r.inputs for r in run.result.of_type(NETPOL)}
+    assert set(policies) == {"default-deny-ingress", "raytrain-ray-ingress"}
+    deny = policies["default-deny-ingress"]
+    assert deny["metadata"]["namespace"] == cfg.ray_namespace
+    assert deny["spec"] == {"podSelector": {}, "policyTypes": ["Ingress"]}
+    ray = policies["raytrain-ray-ingress"]["spec"]
+    # KubeRay v1.7.0 labels every pod of a RayCluster ray.io/cluster=<name> (utils.RayClusterLabelKey)
+    assert ray["podSelector"] == {"matchLabels": {"ray.io/cluster": cfg.ray_cluster_name}}
+    among_ray, operator = ray["ingress"]
+    assert among_ray == {"from": [{"podSelector": ray["podSelector"]}]}
+    assert operator["from"] == [{"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": charts.OPERATOR_NAMESPACE}}}]
+    assert operator["ports"] == [{"protocol": "TCP", "port": 8265}]
+    deps = run.registrations[run.urn(RAYCLUSTER, "ray-raycluster")].dependencies
+    assert {run.urn(NETPOL, f"ray-netpol-{name}") for name in policies} <= deps  # in force before any Ray pod
+
+
+def test_the_vpc_cni_enforces_network_policies(run):
+    (vpc_cni,) = [r for r in run.result.of_type("aws:eks/addon:Addon") if r.inputs["addonName"] == "vpc-cni"]
+    assert json.loads(vpc_cni.inputs["configurationValues"]) == {"enableNetworkPolicy": "true"}
+    others = [r for r in run.result.of_type("aws:eks/addon:Addon") if r.inputs["addonName"] != "vpc-cni"]
+    assert others and all("configurationValues" not in r.inputs for r in others)
+
+
+# --- scaleToZero: a stack update never takes the worker group from the autoscaler --------------------------
+
+@pytest.fixture(scope="module")
+def autoscaled_registrations():
+    """The RayCluster's registration as the engine gets it, replaceOnChanges and deleteBeforeReplace included."""
+    seen = {}
+    original = offline._RecordingMonitor.RegisterResource
+
+    def record(self, request):
+        response = original(self, request)
+        if request.type == RAYCLUSTER:
+            seen["ray"] = request
+        return response
+
+    offline._RecordingMonitor.RegisterResource = record
+    try:
+        run = run_stack("dev", **{"raytrain-eks:scaleToZero": True})
+    finally:
+        offline._RecordingMonitor.RegisterResource = original
+    return run, seen["ray"]
+
+
+def test_an_update_leaves_the_worker_group_to_the_autoscaler(autoscaled_registrations):
+    """pulumi-kubernetes' SSA update drops an ignoreChanges field another manager owns, or resends the live value
+    (provider/pkg/await/await.go handleSSAIgnoreFields): never the declared list without the autoscaler's replicas."""
+    run, request = autoscaled_registrations
+    assert list(request.ignoreChanges) == ["spec.workerGroupSpecs"]
+    assert list(request.replaceOnChanges) == ['metadata.annotations["raytrain.io/worker-group-sha256"]']
+    assert request.deleteBeforeReplace is True
+    inputs = offline.plain(run.result.one(RAYCLUSTER).inputs)
+    assert inputs["metadata"]["annotations"] == {
+        raycluster.WORKER_GROUP_DIGEST: raycluster.worker_group_digest(inputs["spec"])}
+
+
+def test_fixed_clusters_keep_pulumi_owning_the_worker_group(dev_run):
+    reg = dev_run.registrations[dev_run.urn(RAYCLUSTER, "ray-raycluster")]
+    assert reg.ignore_changes == ()
+    assert "annotations" not in dev_run.result.one(RAYCLUSTER).inputs["metadata"]
+
+
+# --- the charts' images, pinned like the DLC image ------------------------------------------------------
+
+def test_every_charts_image_is_pinned_by_a_dynamic_resource(run):
+    cfg = stack_config(run.result.outputs["clusterName"].rsplit("-", 1)[-1])
+    pins = {r.name: r for r in run.result.resources if r.type == "pulumi-python:dynamic/raytrain:PinnedImage"}
+    for chart in charts.releases(cfg):
+        pin = pins[f"ray-{chart.release}-image"]
+        assert pin.inputs["image"] == charts.image_to_pin(cfg, chart.release)
+        assert pin.inputs["__provider"]  # the provider travels in state, so the digest is kept there
+        reg = run.registrations[run.urn("kubernetes:helm.sh/v3:Release", f"ray-{chart.release}")]
+        assert run.urn("pulumi-python:dynamic/raytrain:PinnedImage", pin.name) in reg.dependencies
+
+
+def test_the_autoscaler_image_is_pinned_too_and_a_given_digest_is_kept():
+    run = run_stack("dev", **{"raytrain-eks:scaleToZero": True})
+    values = {r.inputs["name"]: r.inputs["values"] for r in run.result.of_type(RELEASE)}
+    assert values["cluster-autoscaler"]["image"] == {
+        "repository": charts.AUTOSCALER_IMAGE, "tag": "v1.36.1@" + image.PLACEHOLDER_DIGEST}
+    given = "v1.36.1@sha256:" + "0f" * 32
+    run = run_stack("dev", **{"raytrain-eks:scaleToZero": True, "raytrain-eks:clusterAutoscalerImageTag": given})
+    values = {r.inputs["name"]: r.inputs["values"] for r in run.result.of_type(RELEASE)}
+    assert values["cluster-autoscaler"]["image"]["tag"] == given
+    assert "ray-cluster-autoscaler-image" not in {r.name for r in run.result.resources}

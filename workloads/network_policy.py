@@ -1,0 +1,55 @@
+"""NetworkPolicies of the Ray namespace, as data: nothing reaches a Ray pod but the Ray cluster itself.
+
+The Jobs API on the head is remote code execution guarded only by the token; inside the cluster
+every pod could otherwise reach it. Ingress to the namespace is denied by default, and the
+RayCluster's pods (KubeRay labels every one `ray.io/cluster: <name>`) accept connections only
+from each other on any port (GCS, raylets, object managers, worker ports and NCCL's TCP
+bootstrap) and, on the dashboard port, from the KubeRay operator's namespace. `kubectl
+port-forward` and the kubelet's probes come from the pod's own node, which NetworkPolicy
+always allows. Egress stays open (S3, the Hugging Face hub, DNS); EFA traffic does not pass
+through the kernel's IP stack at all.
+
+The Amazon VPC CNI enforces these only with its network policy agent on
+(`enableNetworkPolicy: "true"` in the vpc-cni add-on's configuration: infra.cluster.ADDON_CONFIGURATION).
+"""
+from __future__ import annotations
+
+from infra.config import StackConfig
+from workloads import charts
+
+API_VERSION = "networking.k8s.io/v1"
+KIND = "NetworkPolicy"
+RAY_CLUSTER_LABEL = "ray.io/cluster"  # KubeRay v1.7.0 utils.RayClusterLabelKey
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace
+DASHBOARD_PORT = 8265
+
+
+def default_deny_ingress(cfg: StackConfig) -> dict:
+    return {
+        "apiVersion": API_VERSION, "kind": KIND,
+        "metadata": {"name": "default-deny-ingress", "namespace": cfg.ray_namespace,
+                     "labels": {"app.kubernetes.io/part-of": cfg.project}},
+        "spec": {"podSelector": {}, "policyTypes": ["Ingress"]},
+    }
+
+
+def ray_cluster_ingress(cfg: StackConfig) -> dict:
+    ray_pods = {"matchLabels": {RAY_CLUSTER_LABEL: cfg.ray_cluster_name}}
+    return {
+        "apiVersion": API_VERSION, "kind": KIND,
+        "metadata": {"name": f"{cfg.ray_cluster_name}-ray-ingress", "namespace": cfg.ray_namespace,
+                     "labels": {"app.kubernetes.io/part-of": cfg.project}},
+        "spec": {
+            "podSelector": ray_pods,
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [{"podSelector": ray_pods}]},
+                {"from": [{"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: charts.OPERATOR_NAMESPACE}}}],
+                 "ports": [{"protocol": "TCP", "port": DASHBOARD_PORT}]},
+            ],
+        },
+    }
+
+
+def policies(cfg: StackConfig) -> list[dict]:
+    return [default_deny_ingress(cfg), ray_cluster_ingress(cfg)]
