@@ -23,6 +23,7 @@ Imports only torch: the benchmark runs this exact step without ray or datasets.
 from __future__ import annotations
 
 import logging
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Mapping
@@ -297,6 +298,47 @@ def train_step(
     return StepOutput(loss=mean_loss + aux_loss if has_aux else mean_loss, grad_norm=grad_norm.detach(), lr=lr,
                       real_tokens=real_tokens, loss_tokens=local_loss_tokens, aux_loss=aux_loss,
                       global_loss_tokens=global_tokens)
+
+
+class TrainingDiverged(RuntimeError):
+    """A step's loss or gradient norm is not finite, or its gradient is exactly zero: stop instead of training on."""
+
+
+class StepHealth:
+    """The first unhealthy step, tracked on the device: add() never synchronises, check() does.
+
+    The loss is all-reduced and the gradient norm global, so every rank sees the same
+    values and raises at the same check: no rank is left waiting in a collective.
+    """
+
+    def __init__(self, device: torch.device):
+        self.first = torch.full((4,), -1.0, device=device)  # step, loss, gradient norm, labelled tokens
+
+    def add(self, step: int, out: StepOutput) -> None:
+        loss, norm = out.loss.detach().float(), out.grad_norm.detach().float()
+        tokens = (out.global_loss_tokens if out.global_loss_tokens is not None
+                  else torch.tensor(float(out.loss_tokens))).to(loss.device, torch.float32)
+        bad = ~torch.isfinite(loss) | ~torch.isfinite(norm) | (norm == 0)
+        row = torch.stack([torch.full((), float(step), device=loss.device), loss, norm, tokens.reshape(())])
+        self.first = torch.where(bad & (self.first[0] < 0), row, self.first)
+
+    def check(self) -> None:
+        step, loss, norm, tokens = self.first.tolist()
+        if step < 0:
+            return
+        where = f"step {int(step)}: "
+        if not math.isfinite(loss) or not math.isfinite(norm):
+            raise TrainingDiverged(
+                where + f"the loss is {loss:g} and the gradient norm {norm:g}: training diverged, so it stops "
+                f"here (the last checkpoint is the last good state); lower --lr or raise --warmup-steps, and check "
+                f"the model's weights and the data for NaN/Inf")
+        if tokens == 0:
+            raise TrainingDiverged(where + "the global batch has no labelled (response) token, so the gradient is "
+                                           "zero; check that the dataset's records have responses")
+        raise TrainingDiverged(
+            where + f"the gradient is exactly zero (loss {loss:g}): nothing would be learned, so the run stops; the "
+            f"loss does not depend on the weights (weights all zero, or a model whose logits are changed after the "
+            f"head in a way the loss does not see)")
 
 
 @torch.no_grad()
