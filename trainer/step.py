@@ -199,16 +199,21 @@ def check_loss_path(model: torch.nn.Module, impl: str, device: torch.device) -> 
     if impl == "liger" and transform.softcap and not liger_has_softcap():
         order = ["chunked"]
     rtol = 2e-2 if device.type == "cuda" else 1e-4  # bf16 logits in the model, fp32 softcap in the loss
-    with torch.no_grad():
-        reference = forward_loss(model, batch, "plain")[0]
-        if not bool(_min_over_ranks([int(bool(torch.isfinite(reference)))], device)[0]):
-            return impl  # weights that give NaN prove nothing here; StepHealth stops the run at its first step
-        chosen = "plain"
-        for candidate in order:
-            got = forward_loss(model, batch, candidate)[0]
-            if torch.allclose(got, reference, rtol=rtol, atol=1e-4):
-                chosen = candidate
-                break
+    training = model.training
+    model.eval()  # no dropout or router jitter: the same forward twice, and no draw from the training RNG
+    try:
+        with torch.no_grad():
+            reference = forward_loss(model, batch, "plain")[0]
+            if not bool(_min_over_ranks([int(bool(torch.isfinite(reference)))], device)[0]):
+                return impl  # weights that give NaN prove nothing here; StepHealth stops the run at its first step
+            chosen = "plain"
+            for candidate in order:
+                got = forward_loss(model, batch, candidate)[0]
+                if torch.allclose(got, reference, rtol=rtol, atol=1e-4):
+                    chosen = candidate
+                    break
+    finally:
+        model.train(training)
     ranked = ("liger", "chunked", "plain")
     chosen = ranked[-_min_over_ranks([-ranked.index(chosen)], device)[0]]
     if chosen != impl and (not dist.is_initialized() or dist.get_rank() == 0):
