@@ -153,7 +153,7 @@ def run_trainer(steps_fn: Callable[[int], list[dict]], *, args, rows_per_step: i
                 tokens_per_step: Callable[[list[dict]], int], attn: str | None = None) -> dict[str, Any]:
     """The trainer's model setup (random init of --model-shape) and step, timed after warm-up."""
     from trainer.model import build_model, build_optimizer
-    from trainer.step import choose_micro_batch, resolve_loss, train_step
+    from trainer.step import check_loss_path, choose_micro_batch, resolve_loss, train_step
 
     _ensure_process_group()
     device = _device()
@@ -165,7 +165,7 @@ def run_trainer(steps_fn: Callable[[int], list[dict]], *, args, rows_per_step: i
         model = build_model(write_config(args.model_shape, Path(folder)), device=device, use_gpu=gpu, mesh=mesh,
                             attn_implementation=attn or args.attn, kernels=args.kernels, compile=args.compile)
     optimizer = build_optimizer(model, lr=1e-5, weight_decay=0.0, fused=gpu)
-    loss = resolve_loss(args.loss, device)
+    loss = check_loss_path(model, resolve_loss(args.loss, device), device)  # the one giving the model's own loss
     if args.micro_batch_size == "auto":
         fit = choose_micro_batch(model, optimizer, rows=rows_per_step, seq_len=args.seq_len, device=device, loss=loss)
         micro = fit["micro_batch_size"]
@@ -187,7 +187,6 @@ def run_trainer(steps_fn: Callable[[int], list[dict]], *, args, rows_per_step: i
     _sync()
     seconds = time.perf_counter() - t0
     mem, mem_kind = _peak_memory_gib()
-    loss = model.__dict__.get("_trainer_loss_path", {}).get(loss, loss)  # the one that gives the model's own loss
     del model, optimizer
     return {"seconds": seconds, "tokens": tokens, "micro_batch_size": micro, "grad_accum": rows_per_step // micro,
             "loss_impl": loss, "liger_kernels": args.kernels != "none" and gpu and _liger_kernels(),

@@ -27,7 +27,7 @@ from trainer.data import PackedData, prepare
 from trainer.metrics import EVENTS_FILE, METRICS_FILE, TENSORBOARD_DIR, IntervalTracker, MetricsWriter
 from trainer.model import (build_model, build_optimizer, build_scheduler, enable_activation_checkpointing,
                            load_tokenizer, resolve_model_path)
-from trainer.step import StepHealth, TrainingDiverged, choose_micro_batch, train_step
+from trainer.step import StepHealth, TrainingDiverged, check_loss_path, choose_micro_batch, resolve_loss, train_step
 from trainer.storage import Storage
 
 log = logging.getLogger("trainer")
@@ -145,6 +145,7 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
     model = build_model(model_path, device=env.device, use_gpu=cfg.use_gpu, mesh=env.mesh,
                         attn_implementation=cfg.attn_implementation,
                         activation_checkpointing=cfg.activation_checkpointing, seed=cfg.seed)
+    check_loss_path(model, resolve_loss(LOSS, env.device), env.device)  # before the micro-batch probe measures it
     optimizer = build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=cfg.use_gpu)
     scheduler = build_scheduler(optimizer, warmup=cfg.warmup_steps, total=steps,
                                 schedule=cfg.schedule, min_ratio=cfg.min_lr_ratio)

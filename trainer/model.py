@@ -173,6 +173,11 @@ class ModelParts:
         return getattr(self.head, "weight", None) is not None and self.head.weight is getattr(self.embed, "weight", None)
 
 
+def model_name(model: nn.Module) -> str:
+    """The transformers class name, also once fully_shard has swapped in FSDP<Name>."""
+    return type(model).__name__.removeprefix("FSDP")
+
+
 def _class_names(module: nn.Module) -> set[str]:
     """The module's class and its bases: FSDP2 swaps in a subclass named FSDP<Name>."""
     return {c.__name__ for c in type(module).__mro__}
@@ -192,7 +197,7 @@ def model_parts(model: nn.Module) -> ModelParts:
     test in `_init_weights`); without one it stays in the root FSDP group. Raises
     UnsupportedArchitecture naming what is missing.
     """
-    name = type(model).__name__
+    name = model_name(model)
     missing = []
     try:
         embed = model.get_input_embeddings()
@@ -248,13 +253,17 @@ def check_architecture(config) -> ModelParts:
     """Build the model on the meta device (no memory) and find its parts: the pre-flight check."""
     from transformers import AutoModelForCausalLM
 
+    model_type = getattr(config, "model_type", "?")
     try:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
-    except (ValueError, KeyError, ImportError) as e:
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise UnsupportedArchitecture(f"model_type {getattr(config, 'model_type', '?')!r}: transformers has no "
-                                      f"causal-LM class the trainer can build for it ({first[:300]})") from None
+    except Exception as e:  # noqa: BLE001 - whatever transformers raises, the user gets the config named
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        if "Unrecognized configuration class" in first:
+            raise UnsupportedArchitecture(f"model_type {model_type!r}: transformers has no causal-LM class the "
+                                          f"trainer can build for it ({first})") from None
+        raise UnsupportedArchitecture(f"model_type {model_type!r}: transformers cannot build the model from this "
+                                      f"config.json ({type(e).__name__}: {first}); fix the config") from None
     return model_parts(model)
 
 

@@ -175,6 +175,23 @@ def token_loss_sum(model: torch.nn.Module, batch: Mapping[str, torch.Tensor], lo
     return forward_loss(model, batch, loss)[0]
 
 
+def _reshard(model: torch.nn.Module) -> None:
+    """Back to the sharded parameters after a forward without backward.
+
+    FSDP2 keeps the groups that do not reshard after forward (the root, the last layer)
+    gathered, with their unsharded tensors registered on the modules: an optimizer built
+    then would hold those instead of the sharded parameters.
+    """
+    for module in model.modules():
+        if hasattr(module, "reshard") and hasattr(module, "unshard"):
+            module.reshard()
+
+
+def loss_path(model: torch.nn.Module, impl: str) -> str:
+    """The implementation check_loss_path settled on for `impl` (`impl` itself until it has run)."""
+    return model.__dict__.get("_trainer_loss_path", {}).get(impl, impl)
+
+
 def check_loss_path(model: torch.nn.Module, impl: str, device: torch.device) -> str:
     """`impl` when it gives the model's own loss, else the plain loss (or chunked for Liger); once per model.
 
@@ -185,7 +202,7 @@ def check_loss_path(model: torch.nn.Module, impl: str, device: torch.device) -> 
     """
     checked = model.__dict__.setdefault("_trainer_loss_path", {})
     if impl == "plain" or impl in checked:
-        return checked.get(impl, impl)
+        return loss_path(model, impl)
     vocab = model.get_output_embeddings().weight.shape[0]
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (1, 32), generator=g)
@@ -214,11 +231,12 @@ def check_loss_path(model: torch.nn.Module, impl: str, device: torch.device) -> 
                     break
     finally:
         model.train(training)
+        _reshard(model)
     ranked = ("liger", "chunked", "plain")
     chosen = ranked[-_min_over_ranks([-ranked.index(chosen)], device)[0]]
     if chosen != impl and (not dist.is_initialized() or dist.get_rank() == 0):
-        log.warning("loss %s does not reproduce %s's own loss (transform after the head: %s, %s): using %s",
-                    impl, type(model).__name__, transform, "checked on 32 tokens", chosen)
+        log.warning("loss %s does not reproduce %s's own loss on a 32-token check (known transform after the "
+                    "head: %s): using %s", impl, type(model).__name__.removeprefix("FSDP"), transform, chosen)
     checked[impl] = chosen
     return chosen
 
@@ -454,7 +472,7 @@ def choose_micro_batch(model, optimizer: torch.optim.Optimizer, *, rows: int, se
     """
     if ranks_per_host < 1:
         raise ValueError(f"ranks_per_host = {ranks_per_host}: must be at least 1 (the ranks sharing this host)")
-    impl = check_loss_path(model, resolve_loss(loss, device), device)
+    impl = loss_path(model, resolve_loss(loss, device))  # the loop checks it first (check_loss_path)
     checkpointed = bool(getattr(model, "is_gradient_checkpointing", False))
     local_params = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.parameters())
     states = 0 if optimizer.state else 8 * local_params

@@ -31,13 +31,9 @@ from typing import Callable
 import torch
 from torch import nn
 
+from trainer.model import ModelSourceError, model_name
+
 log = logging.getLogger("trainer")
-
-
-def _error(message: str) -> Exception:
-    from trainer.model import ModelSourceError
-
-    return ModelSourceError(message)
 
 
 def _first_line(e: BaseException) -> str:
@@ -54,7 +50,7 @@ class Checkpoint:
         self.file_of: dict[str, str] = {}
         files = self._files()
         if not files:
-            raise _error(f"model weights in {folder}: no *.safetensors or pytorch_model*.bin files")
+            raise ModelSourceError(f"model weights in {folder}: no *.safetensors or pytorch_model*.bin files")
         for name in files:
             for key in self._open(name).keys():
                 self.file_of[key] = name
@@ -74,7 +70,7 @@ class Checkpoint:
         if name not in self._handles:
             path = self.folder / name
             if not path.is_file():
-                raise _error(f"model weights in {self.folder}: {name} is named by the index but missing")
+                raise ModelSourceError(f"model weights in {self.folder}: {name} is named by the index but missing")
             try:
                 if name.endswith(".safetensors"):
                     from safetensors import safe_open
@@ -83,7 +79,7 @@ class Checkpoint:
                 else:
                     self._handles[name] = torch.load(str(path), map_location="cpu", mmap=True, weights_only=True)
             except Exception as e:  # noqa: BLE001 - a truncated or foreign file: name it
-                raise _error(f"model weights in {self.folder}: {name} cannot be read ({_first_line(e)}); "
+                raise ModelSourceError(f"model weights in {self.folder}: {name} cannot be read ({_first_line(e)}); "
                              f"download or save the folder again") from e
         return self._handles[name]
 
@@ -152,7 +148,7 @@ def _rows(tensor: torch.Tensor) -> tuple[slice | None, tuple[int, ...]]:
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     if any(isinstance(p, Shard) and p.dim != 0 for p in placements):
-        raise _error(f"a parameter sharded on dim {[p.dim for p in placements if isinstance(p, Shard)]}: "
+        raise ModelSourceError(f"a parameter sharded on dim {[p.dim for p in placements if isinstance(p, Shard)]}: "
                      f"the loader reads dim-0 shards (FSDP2's default) only")
     local, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, placements)
     if not local:
@@ -167,7 +163,7 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 def _copy(name: str, target: torch.Tensor, value: torch.Tensor, what: str) -> None:
     dest = _local(target)
     if tuple(value.shape) != tuple(dest.shape):
-        raise _error(f"{what}: shape {tuple(value.shape)} does not fit {name} (this rank's shard "
+        raise ModelSourceError(f"{what}: shape {tuple(value.shape)} does not fit {name} (this rank's shard "
                      f"{tuple(dest.shape)} of {tuple(target.shape)}); the checkpoint is not of this config")
     dest.copy_(value)
 
@@ -197,8 +193,8 @@ def _load_converted(model, name: str, entry: _Target, ckpt: Checkpoint, targets:
     for target_name, value in realized.items():
         value = value[0] if isinstance(value, list) else value
         if target_name not in targets:
-            raise _error(f"transformers' conversion of {sorted(entry.sources)} gave {target_name}, "
-                         f"which {type(model).__name__} does not have")
+            raise ModelSourceError(f"transformers' conversion of {sorted(entry.sources)} gave {target_name}, "
+                         f"which {model_name(model)} does not have")
         target_rows, _ = _rows(targets[target_name])
         if not subset and target_rows is not None:
             value = value[target_rows]
@@ -225,8 +221,8 @@ def load_sharded(model: nn.Module, folder: Path) -> dict:
         plan, unexpected = plan_keys(model, ckpt.keys(), targets)
         if not plan:
             sample = ", ".join(sorted(ckpt.keys())[:3])
-            raise _error(f"model weights in {folder}: none of its {len(ckpt.file_of)} tensors ({sample}, ...) is a "
-                         f"weight of {type(model).__name__} ({', '.join(list(targets)[:3])}, ...), even with "
+            raise ModelSourceError(f"model weights in {folder}: none of its {len(ckpt.file_of)} tensors ({sample}, ...) is a "
+                         f"weight of {model_name(model)} ({', '.join(list(targets)[:3])}, ...), even with "
                          f"transformers' key conversion; is config.json the one saved with these weights?")
         with torch.no_grad():
             for name, entry in plan.items():
@@ -241,11 +237,9 @@ def load_sharded(model: nn.Module, folder: Path) -> dict:
                     else:
                         loaded.update(_load_converted(model, name, entry, ckpt, targets))
                 except Exception as e:  # noqa: BLE001 - every failure names the tensor and the file
-                    from trainer.model import ModelSourceError
-
                     if isinstance(e, ModelSourceError):
-                        raise _error(f"model weights in {folder}: {what}: {e}") from e
-                    raise _error(f"model weights in {folder}: {what} cannot be loaded into {name} "
+                        raise ModelSourceError(f"model weights in {folder}: {what}: {e}") from e
+                    raise ModelSourceError(f"model weights in {folder}: {what} cannot be loaded into {name} "
                                  f"({_first_line(e)})") from e
     finally:
         ckpt.close()
@@ -255,9 +249,9 @@ def load_sharded(model: nn.Module, folder: Path) -> dict:
     first_rank = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
     if first_rank and missing:
         log.warning("%d tensor(s) of %s are not in %s and get the model's own initialisation, as from_pretrained "
-                    "does: %s", len(missing), type(model).__name__, folder, ", ".join(missing[:8]))
+                    "does: %s", len(missing), model_name(model), folder, ", ".join(missing[:8]))
     if first_rank and unexpected:
         log.info("%d checkpoint tensor(s) of %s are not used by %s: %s", len(unexpected), folder,
-                 type(model).__name__, ", ".join(unexpected[:8]))
+                 model_name(model), ", ".join(unexpected[:8]))
     return {"loaded": sorted(loaded), "missing": missing, "unexpected": unexpected,
             "converted": sorted(n for n, e in plan.items() if e.converter is not None)}

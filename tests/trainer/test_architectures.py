@@ -110,6 +110,15 @@ def test_the_first_step_loss_and_gradient_norm_are_transformers_own(process_grou
             assert aux is None and step.aux_loss is None
 
 
+def test_the_loss_check_leaves_every_parameter_sharded(process_group, arch_model):
+    """It runs before the optimizer is built: FSDP2 must have put the sharded parameters back."""
+    from trainer.step import check_loss_path
+
+    model = build_model(arch_model("gemma2", True), device=CPU, use_gpu=False)
+    assert check_loss_path(model, "chunked", CPU) == "chunked"
+    assert {type(p).__name__ for p in model.parameters()} == {"DTensor"}
+
+
 def test_every_architecture_passes_the_shardability_check():
     for name in NAMES:
         parts = check_architecture(config(name, False))
