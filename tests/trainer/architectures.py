@@ -37,11 +37,15 @@ def _configs() -> dict[str, Callable[..., object]]:
                                                    output_router_logits=True, router_aux_loss_coef=0.02, **kw),
         "gpt_neox": lambda **kw: T.GPTNeoXConfig(**{k: v for k, v in COMMON.items() if k != "num_key_value_heads"},
                                                  **kw),
+        # logits scaled after the head: Cohere multiplies by logit_scale, Granite divides by logits_scaling
+        "cohere": lambda **kw: T.CohereConfig(**COMMON, logit_scale=0.25, **kw),
+        "granite": lambda **kw: T.GraniteConfig(**COMMON, logits_scaling=4.0, **kw),
     }
 
 
 NAMES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "mixtral", "qwen2_moe", "gpt_neox")
 CASES = [(name, tied) for name in NAMES for tied in (False, True)]
+SCALED = ("cohere", "granite")  # the loss only (their layers are Llama's)
 
 
 def config(name: str, tied: bool):

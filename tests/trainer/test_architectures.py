@@ -26,7 +26,7 @@ import torch.multiprocessing as mp
 from trainer.model import build_model, check_architecture
 from trainer.step import IGNORE_INDEX, train_step
 
-from .architectures import CASES, NAMES, VOCAB, config, write_model
+from .architectures import CASES, NAMES, SCALED, VOCAB, config, write_model
 from .conftest import free_port
 
 CPU = torch.device("cpu")
@@ -81,7 +81,8 @@ def one_batch(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, labels
 
 
-@pytest.mark.parametrize("name,tied", CASES, ids=IDS)
+@pytest.mark.parametrize("name,tied", CASES + [(n, True) for n in SCALED],
+                         ids=IDS + [f"{n}-tied" for n in SCALED])
 def test_the_first_step_loss_and_gradient_norm_are_transformers_own(process_group, arch_model, name, tied):
     folder = arch_model(name, tied)
     ids, hf_labels = one_batch()
