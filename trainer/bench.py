@@ -1,6 +1,7 @@
 """Throughput benchmarks, one JSON line per setup.
 
-    python -m trainer.bench [--model-shape qwen2.5-1.5b|tiny] [...]   the trainer's step vs transformers' Trainer
+    python -m trainer.bench [--model-shape qwen2.5-1.5b|small|tiny|FOLDER|config.json] [...]
+                                             the trainer's step vs transformers' Trainer
     python -m trainer.bench padding [...]    packed trainer vs Trainer with per-batch padding (useful tokens/s)
     python -m trainer.bench comm --instance-type g6.12xlarge --nodes 2    communication estimate per step
     python -m trainer.bench harness [...]    the same training under Ray and under torchrun (CPU)
@@ -8,7 +9,9 @@
 The first runs, in one process and on the same model shape, global batch and sequence
 length: a bf16 matmul to measure the device's peak, transformers' Trainer (bf16=True,
 the baseline), then the trainer's own step (trainer.model + trainer.step, exactly what
-the Ray loop runs). Random init and random tokens: nothing is downloaded. It needs only
+the Ray loop runs). The shape is a named one (Qwen2 configs) or any model's config: a
+folder with config.json or the file itself (only the config is read). Random init and
+random tokens: nothing is downloaded. It needs only
 torch and transformers (the Trainer baseline also needs accelerate, which `pip install
 transformers[torch]` brings; without it that line is an error naming the fix and the
 trainer's own line still runs); Liger is used when installed.
@@ -85,11 +88,22 @@ def emit_error(setup: str, error: Exception, **fields: Any) -> dict[str, Any]:
 
 
 def model_config(shape: str):
-    from transformers import Qwen2Config
+    """A named shape (Qwen2), or the config of a model folder / config.json file (any architecture)."""
+    from transformers import AutoConfig, Qwen2Config
 
-    if shape not in SHAPES:
-        raise BenchError(f"--model-shape {shape!r}: unknown; use one of {', '.join(SHAPES)}")
-    return Qwen2Config(**SHAPES[shape], use_cache=False)
+    if shape in SHAPES:
+        return Qwen2Config(**SHAPES[shape], use_cache=False)
+    path = Path(shape).expanduser()
+    if not (path.is_file() or (path / "config.json").is_file()):
+        raise BenchError(f"--model-shape {shape!r}: not a named shape ({', '.join(SHAPES)}) nor a model folder "
+                         f"with config.json or a config .json file; pass one of those")
+    try:
+        config = AutoConfig.from_pretrained(str(path))
+    except Exception as e:  # noqa: BLE001 - a foreign or broken JSON file: name it
+        raise BenchError(f"--model-shape {shape!r}: not a transformers model config ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
+    config.use_cache = False
+    return config
 
 
 def write_config(shape: str, folder: Path) -> Path:
@@ -139,7 +153,7 @@ def run_trainer(steps_fn: Callable[[int], list[dict]], *, args, rows_per_step: i
                 tokens_per_step: Callable[[list[dict]], int], attn: str | None = None) -> dict[str, Any]:
     """The trainer's model setup (random init of --model-shape) and step, timed after warm-up."""
     from trainer.model import build_model, build_optimizer
-    from trainer.step import choose_micro_batch, resolve_loss, train_step
+    from trainer.step import check_loss_path, choose_micro_batch, resolve_loss, train_step
 
     _ensure_process_group()
     device = _device()
@@ -151,7 +165,7 @@ def run_trainer(steps_fn: Callable[[int], list[dict]], *, args, rows_per_step: i
         model = build_model(write_config(args.model_shape, Path(folder)), device=device, use_gpu=gpu, mesh=mesh,
                             attn_implementation=attn or args.attn, kernels=args.kernels, compile=args.compile)
     optimizer = build_optimizer(model, lr=1e-5, weight_decay=0.0, fused=gpu)
-    loss = resolve_loss(args.loss, device)
+    loss = check_loss_path(model, resolve_loss(args.loss, device), device)  # the one giving the model's own loss
     if args.micro_batch_size == "auto":
         fit = choose_micro_batch(model, optimizer, rows=rows_per_step, seq_len=args.seq_len, device=device, loss=loss)
         micro = fit["micro_batch_size"]
@@ -267,7 +281,8 @@ class RandomRows(torch.utils.data.Dataset):
 def _throughput_parser(prog: str = "python -m trainer.bench") -> argparse.ArgumentParser:
     gpu = _gpu()
     p = argparse.ArgumentParser(prog=prog, description="Tokens/s of the trainer's step against transformers' Trainer.")
-    p.add_argument("--model-shape", default="qwen2.5-1.5b" if gpu else "tiny", help=f"one of {', '.join(SHAPES)}")
+    p.add_argument("--model-shape", default="qwen2.5-1.5b" if gpu else "tiny",
+                   help=f"one of {', '.join(SHAPES)}, or a model folder / config.json (random init of its config)")
     p.add_argument("--seq-len", type=int, default=2048 if gpu else 128)
     p.add_argument("--global-batch-size", type=int, default=64 if gpu else 8, help="sequences per optimizer step")
     p.add_argument("--micro-batch-size", default="auto", help="trainer micro-batch: auto (largest that fits) or N")
@@ -305,9 +320,12 @@ def _check(args) -> None:
         raise BenchError(f"--setups: unknown {', '.join(unknown)}; use a comma-separated list of {', '.join(SETUPS)}")
 
 
-def _record(setup: str, result: dict, *, args, fpt: float, peak: dict, datasheet: float | None) -> dict:
+def _record(setup: str, result: dict, *, args, fpt: float, peak: dict, datasheet: float | None,
+            config=None) -> dict:
     tps = result.pop("tokens") / result.pop("seconds")
-    return {"setup": setup, "model_shape": args.model_shape, "device": _device_name(), "torch": torch.__version__,
+    shape = {} if config is None else {"model_type": config.model_type, "params": flops_lib.parameter_count(config),
+                                       "matmul_params_per_token": flops_lib.matmul_params(config)}
+    return {"setup": setup, "model_shape": args.model_shape, **shape, "device": _device_name(), "torch": torch.__version__,
             "transformers": _transformers_version(), "seq_len": args.seq_len,
             "global_batch_size": args.global_batch_size, "steps": args.steps, "warmup": args.warmup,
             "tokens_per_s": round(tps, 1), "gflop_per_token": round(fpt / 1e9, 4),
@@ -358,7 +376,8 @@ def throughput_main(argv: Sequence[str]) -> int:
                 batch = random_rows(config.vocab_size, args.global_batch_size, args.seq_len)
                 res = run_trainer(lambda step: [batch], args=args, rows_per_step=args.global_batch_size,
                                   tokens_per_step=lambda bs: sum(int(b["input_ids"].numel()) for b in bs))
-            results[setup] = emit(_record(setup, res, args=args, fpt=fpt, peak=peak, datasheet=datasheet))
+            results[setup] = emit(_record(setup, res, args=args, fpt=fpt, peak=peak, datasheet=datasheet,
+                                          config=config))
         except Exception as e:  # noqa: BLE001 - report and keep the other setups going
             emit_error(setup, e)
     if "hf_trainer" in results and "trainer" in results:

@@ -282,18 +282,23 @@ def export_hf(storage: Storage, model, tokenizer, source: str | Path | None = No
     """Collective: gather full weights to rank 0 and write a Hugging Face folder (bf16 safetensors)."""
     from transformers import GenerationConfig
 
+    from transformers.core_model_loading import revert_weight_conversion
+
     rank = _rank()
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()
     tied = head is not None and head.weight is embed.weight
+    tied_keys = set(getattr(model, "all_tied_weights_keys", None) or {"lm_head.weight"}) if tied else set()
     full: dict[str, torch.Tensor] = {}
     for key, value in model.state_dict().items():
         tensor = value.full_tensor() if hasattr(value, "full_tensor") else value
-        if rank == 0 and not (tied and key == "lm_head.weight"):
+        if rank == 0 and key not in tied_keys:
             full[key] = tensor.detach().to("cpu", torch.bfloat16).contiguous()
         del tensor
     if rank == 0:
         tmp = Path(tempfile.mkdtemp(prefix="export-"))
         try:
+            # the checkpoint's own key layout, as save_pretrained writes it (per-expert MoE keys, not the fused ones)
+            full = {k: v.contiguous() for k, v in revert_weight_conversion(model, full).items()}
             _save_safetensors(full, tmp)
             config = model.config
             config.use_cache = True

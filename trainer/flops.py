@@ -1,9 +1,17 @@
 """Cost model: training FLOPs per token, MFU, the measured matmul peak, communication per step.
 
-FLOPs per token = 6 x (decoder-block matmul parameters + vocab x hidden for the lm_head
-matmul, counted even when the embedding is tied) + 12 x layers x hidden x seq_len for
-attention scores and values. For Qwen2.5-1.5B at seq 2048 that is 10.32 GFLOP/token;
-torchtitan's formula drops the tied lm_head and comes out 14% low.
+FLOPs per token = 6 x (the matmul weights a token goes through + vocab x hidden for the
+lm_head matmul, counted even when the embedding is tied) + 12 x (heads x head_dim) x the
+context each layer attends to (seq_len, or its sliding window) for attention scores and
+values. For Qwen2.5-1.5B at seq 2048 that is 10.32 GFLOP/token; torchtitan's formula
+drops the tied lm_head and comes out 14% low.
+
+The shape is the model's own: transformers builds it on the meta device (no memory) and
+the weights of its decoder layers are counted, so fused or split projections, MLP form
+(gated or not) and biases are whatever the architecture has. Mixture-of-experts layers
+count each token's active experts only (num_experts_per_tok of the stacked experts),
+their router and shared experts in full; the communication estimate uses every
+parameter, experts included (all of them are gathered and reduced).
 
 The communication estimate (bytes per collective over the instance type's network)
 decides between full and hybrid sharding. Imports only torch, and that lazily.
@@ -11,6 +19,7 @@ decides between full and hybrid sharding. Imports only torch, and that lazily.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 # Dense bf16 tensor-core peak per device, TFLOP/s (vendor datasheets, no sparsity).
@@ -26,29 +35,86 @@ PEAK_TFLOPS_BF16: dict[str, float] = {
 }
 
 
-def _get(config: Any, name: str, default: Any = None) -> Any:
-    return getattr(config, name, default) if not isinstance(config, dict) else config.get(name, default)
+@dataclass(frozen=True)
+class ModelShape:
+    """What the cost model needs of an architecture, read off the model itself."""
+
+    params: int                # every parameter once (a tied embedding once)
+    matmul_params: int         # matmul weights one token goes through, the lm_head included
+    attention: tuple[tuple[int, int | None], ...]  # per layer: query width (heads x head_dim), sliding window
+    experts: tuple[int, int] | None = None         # (active, total) experts per token in the MoE layers
+
+
+_TOP_K = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "top_k", "num_selected_experts")
+_SHAPES: dict[str, ModelShape] = {}
+
+
+def _as_config(config: Any):
+    if isinstance(config, dict):
+        from transformers import AutoConfig
+
+        if "model_type" not in config:
+            raise ValueError("a model config as a dict needs its model_type (as in config.json)")
+        d = dict(config)
+        return AutoConfig.for_model(d.pop("model_type"), **d)
+    return config
+
+
+def _top_k(config: Any, layer) -> int | None:
+    for name in _TOP_K:
+        if isinstance(getattr(config, name, None), int):
+            return getattr(config, name)
+    return next((m.top_k for m in layer.modules() if isinstance(getattr(m, "top_k", None), int)), None)
+
+
+def model_shape(config: Any) -> ModelShape:
+    """The model's parameter counts and attention shape, from a meta-device build (cached per config)."""
+    config = _as_config(config)
+    key = config.to_json_string(use_diff=False)
+    if key not in _SHAPES:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from trainer.model import model_parts
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        parts = model_parts(model)
+        matmul, experts = 0, None
+        for layer in parts.layers:
+            top_k = _top_k(config, layer)
+            for module in layer.modules():
+                stacked = "Expert" in type(module).__name__
+                for p in module.parameters(recurse=False):
+                    if p.ndim < 2:
+                        continue  # biases and norms: no matmul
+                    if p.ndim == 3 and stacked and top_k:  # [experts, out, in]: a token uses top_k of them
+                        matmul += p.numel() * top_k // p.shape[0]
+                        experts = (top_k, p.shape[0])
+                    else:
+                        matmul += p.numel()
+        matmul += parts.head.weight.numel()
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        heads = int(text.num_attention_heads)
+        width = heads * int(getattr(text, "head_dim", None) or text.hidden_size // heads)
+        window = getattr(text, "sliding_window", None)
+        kinds = getattr(text, "layer_types", None) or (
+            ["sliding_attention" if window else "full_attention"] * len(parts.layers))
+        attention = tuple((width, window if kind == "sliding_attention" and window else None) for kind in kinds)
+        _SHAPES[key] = ModelShape(sum(p.numel() for p in model.parameters()), matmul, attention, experts)
+    return _SHAPES[key]
 
 
 def matmul_params(config: Any) -> int:
-    """Matmul weights a token passes through: attention and MLP projections of every layer plus lm_head."""
-    d = int(_get(config, "hidden_size"))
-    n_layers = int(_get(config, "num_hidden_layers"))
-    n_heads = int(_get(config, "num_attention_heads"))
-    n_kv = int(_get(config, "num_key_value_heads") or n_heads)
-    head_dim = int(_get(config, "head_dim") or d // n_heads)
-    ff = int(_get(config, "intermediate_size"))
-    vocab = int(_get(config, "vocab_size"))
-    attn = d * n_heads * head_dim * 2 + d * n_kv * head_dim * 2  # q, o and k, v
-    mlp = 3 * d * ff  # gate, up, down
-    return n_layers * (attn + mlp) + vocab * d
+    """Matmul weights a token passes through: its layers' projections (active experts only) plus the lm_head."""
+    return model_shape(config).matmul_params
 
 
 def flops_per_token(config: Any, seq_len: int) -> float:
     """Training (forward + backward) FLOPs per token at this sequence length."""
-    d = int(_get(config, "hidden_size"))
-    n_layers = int(_get(config, "num_hidden_layers"))
-    return 6.0 * matmul_params(config) + 12.0 * n_layers * d * seq_len
+    shape = model_shape(config)
+    attention = sum(width * min(seq_len, window or seq_len) for width, window in shape.attention)
+    return 6.0 * shape.matmul_params + 12.0 * attention
 
 
 def peak_flops_per_device(device_name: str | None, override_tflops: float | None = None) -> float | None:
@@ -79,17 +145,8 @@ def mfu(tokens_per_s: float, flops_per_tok: float, peak_flops: float | None, num
 
 
 def parameter_count(config: Any) -> int:
-    """All parameters (embedding once when tied, QKV biases, norms): what FSDP gathers and reduces."""
-    d = int(_get(config, "hidden_size"))
-    n_layers = int(_get(config, "num_hidden_layers"))
-    n_heads = int(_get(config, "num_attention_heads"))
-    n_kv = int(_get(config, "num_key_value_heads") or n_heads)
-    head_dim = int(_get(config, "head_dim") or d // n_heads)
-    vocab = int(_get(config, "vocab_size"))
-    tied = bool(_get(config, "tie_word_embeddings", False))
-    biases = (n_heads + 2 * n_kv) * head_dim if _get(config, "model_type") == "qwen2" else 0
-    per_layer = (matmul_params(config) - vocab * d) // n_layers + biases + 2 * d
-    return n_layers * per_layer + vocab * d * (1 if tied else 2) + d
+    """All parameters (embedding once when tied, biases, norms, every expert): what FSDP gathers and reduces."""
+    return model_shape(config).params
 
 
 def measure_matmul_peak(device: Any = None, *, size: int | None = None, iters: int | None = None) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 from trainer.config import ConfigError, TrainConfig, add_arguments, flag, from_args, is_remote
 from trainer.data import DataError, check_records, load_records, source_kind
-from trainer.model import ModelSourceError, read_model_config
+from trainer.model import ModelSourceError, check_architecture, read_model_config
 
 
 def preflight(cfg: TrainConfig, storage_filesystem: Any = None) -> dict:
@@ -28,6 +28,7 @@ def preflight(cfg: TrainConfig, storage_filesystem: Any = None) -> dict:
         if limit and cfg.seq_len > limit:
             problems.append(f"{flag('seq_len')} = {cfg.seq_len} exceeds the model's maximum sequence length "
                             f"(max_position_embeddings = {limit}); use --seq-len {limit} or less")
+        info["decoder_layers"] = len(check_architecture(mcfg).layers)  # on the meta device: shardable?
     except ModelSourceError as e:
         problems.append(f"{flag('model')}: {e}")
     if cfg.tokenizer:

@@ -27,7 +27,7 @@ from trainer.data import PackedData, prepare
 from trainer.metrics import EVENTS_FILE, METRICS_FILE, TENSORBOARD_DIR, IntervalTracker, MetricsWriter
 from trainer.model import (build_model, build_optimizer, build_scheduler, enable_activation_checkpointing,
                            load_tokenizer, resolve_model_path)
-from trainer.step import choose_micro_batch, train_step
+from trainer.step import StepHealth, TrainingDiverged, check_loss_path, choose_micro_batch, resolve_loss, train_step
 from trainer.storage import Storage
 
 log = logging.getLogger("trainer")
@@ -145,6 +145,7 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
     model = build_model(model_path, device=env.device, use_gpu=cfg.use_gpu, mesh=env.mesh,
                         attn_implementation=cfg.attn_implementation,
                         activation_checkpointing=cfg.activation_checkpointing, seed=cfg.seed)
+    check_loss_path(model, resolve_loss(LOSS, env.device), env.device)  # before the micro-batch probe measures it
     optimizer = build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=cfg.use_gpu)
     scheduler = build_scheduler(optimizer, warmup=cfg.warmup_steps, total=steps,
                                 schedule=cfg.schedule, min_ratio=cfg.min_lr_ratio)
@@ -180,6 +181,7 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
 
     last: dict = {}
     saved_for_preemption = False
+    health = StepHealth(env.device)
     for step in range(start, steps):
         t0 = time.perf_counter()
         batches = data.micro_batches(step, rank=env.rank, world_size=env.world_size,
@@ -194,9 +196,12 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
         if step == start:
             transport_check(cfg, env)
         tracker.add(out, data_wait)
+        health.add(done, out)
 
         log_now = done % cfg.log_every == 0 or done == steps
         save_now = (cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or done == steps
+        if step == start or log_now or save_now:  # never log, save or export an unhealthy model
+            _check_health(health, writer, storage, metrics_dir, rank0, done)
         if log_now:
             last = {**tracker.summarize(done), "epoch": data.position(done, cfg.global_batch_size)["epoch"]}
             writer.log(last)
@@ -265,6 +270,20 @@ def resolve_micro_batch(cfg: TrainConfig, model: torch.nn.Module, optimizer: tor
                         "needed, %.2f GiB budget): lower --seq-len, or add workers to shard the model further",
                         cfg.seq_len, fit["fixed_gib"] + fit["per_row_gib"], fit["budget_gib"])
     return fit
+
+
+def _check_health(health: StepHealth, writer: MetricsWriter, storage: Storage, metrics_dir: Path, rank0: bool,
+                  step: int) -> None:
+    """Raises TrainingDiverged naming the first step with a NaN/Inf loss or an all-zero gradient; the event log says so."""
+    try:
+        health.check()
+    except TrainingDiverged as e:
+        writer.event("stopped", step=step, error=str(e))
+        if rank0:
+            log.error("%s", e)
+            if not storage.is_local:
+                _upload_metrics(storage, metrics_dir)
+        raise
 
 
 def _record_preemption_notice(writer: MetricsWriter, rank0: bool, step: int, notice: Any) -> None:

@@ -12,6 +12,12 @@ for the softmax, the logits gradient cast back to the compute dtype before the m
 as autograd does for `F.cross_entropy(F.linear(h, w).float(), y)`. The weight gradient
 is accumulated over chunks in fp32 and rounded once.
 
+What a model does to its logits after the head is part of its loss: `scale` multiplies
+the logits (Cohere's logit_scale, 1 / Granite's logits_scaling) and `softcap` applies
+`softcap * tanh(logits / softcap)` (Gemma's final_logit_softcapping), in fp32, in every
+implementation here; trainer.step reads them from the model and checks the result
+against the model's own logits.
+
 Liger's fused linear cross-entropy (Triton, GPU only) is used instead when asked for and
 installed. Imports only torch.
 """
@@ -29,15 +35,15 @@ IMPLEMENTATIONS = ("chunked", "liger", "plain")
 DEFAULT_CHUNK_BYTES = 1 << 30
 
 
-def chunk_rows_for(vocab_size: int, budget_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
-    """Tokens per chunk so that a chunk's logits (fp32 + a low-precision copy) fit the budget."""
-    rows = budget_bytes // (6 * vocab_size)
+def chunk_rows_for(vocab_size: int, budget_bytes: int = DEFAULT_CHUNK_BYTES, softcap: bool = False) -> int:
+    """Tokens per chunk so that a chunk's logits (fp32 + a low-precision copy, + the tanh with a softcap) fit."""
+    rows = budget_bytes // ((10 if softcap else 6) * vocab_size)
     return max(64, rows // 64 * 64)
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, labels, chunk_rows, ignore_index, may_ignore):  # noqa: D102
+    def forward(ctx, hidden, weight, labels, chunk_rows, ignore_index, may_ignore, scale, softcap):  # noqa: D102
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         n = hidden.shape[0]
         loss = torch.zeros((), device=hidden.device, dtype=torch.float32)
@@ -47,6 +53,12 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             h = hidden[start:start + chunk_rows]
             y = labels[start:start + chunk_rows]
             logits = (h @ weight.t()).float()
+            if scale != 1.0:
+                logits.mul_(scale)
+            tanh = None
+            if softcap:
+                tanh = logits.div_(softcap).tanh_()
+                logits = tanh * softcap
             keep = (y != ignore_index) if may_ignore else None
             target = y.clamp(min=0) if may_ignore else y
             lse = torch.logsumexp(logits, dim=1)
@@ -59,8 +71,12 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             probs.scatter_add_(1, target[:, None], minus_one[:, None])
             if keep is not None:
                 probs.mul_(keep[:, None])
+            if tanh is not None:  # d softcap(x) / dx = 1 - tanh^2
+                probs.mul_(tanh.mul_(tanh).neg_().add_(1.0))
+            if scale != 1.0:
+                probs.mul_(scale)
             g = probs.to(hidden.dtype)
-            del probs, logits
+            del probs, logits, tanh
             if need_h:
                 grad_h[start:start + chunk_rows] = g @ weight
             if need_w:
@@ -77,15 +93,27 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         grad_h, grad_w = ctx.saved_tensors
         return (grad_h * grad_out.to(grad_h.dtype) if grad_h is not None else None,
                 (grad_w * grad_out).to(ctx.weight_dtype) if grad_w is not None else None,
-                None, None, None, None)
+                None, None, None, None, None, None)
 
 
 def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *,
                                  chunk_rows: int | None = None, ignore_index: int = IGNORE_INDEX,
-                                 may_ignore: bool = True) -> torch.Tensor:
-    """Sum over tokens of CE(hidden @ weight.T, labels); hidden [N, d], weight [V, d], labels [N]."""
-    rows = chunk_rows or chunk_rows_for(weight.shape[0])
-    return _ChunkedLinearCrossEntropy.apply(hidden, weight, labels, rows, ignore_index, may_ignore)
+                                 may_ignore: bool = True, scale: float = 1.0,
+                                 softcap: float | None = None) -> torch.Tensor:
+    """Sum over tokens of CE(softcap(scale * hidden @ weight.T), labels); hidden [N, d], weight [V, d], labels [N]."""
+    rows = chunk_rows or chunk_rows_for(weight.shape[0], softcap=bool(softcap))
+    return _ChunkedLinearCrossEntropy.apply(hidden, weight, labels, rows, ignore_index, may_ignore,
+                                            float(scale), float(softcap) if softcap else None)
+
+
+def transformed_logits(logits: torch.Tensor, scale: float = 1.0, softcap: float | None = None) -> torch.Tensor:
+    """fp32 logits after the model's own post-head transform."""
+    logits = logits.float()
+    if scale != 1.0:
+        logits = logits * scale
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
+    return logits
 
 
 @functools.lru_cache(maxsize=None)
@@ -97,35 +125,55 @@ def liger_available() -> bool:
     return True
 
 
-def liger_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *,
-                               ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
-    """Liger's fused linear cross-entropy (sum), weight gradient accumulated in fp32 when it can."""
+def liger_has_softcap() -> bool:
     from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy as flce
 
+    return "softcap" in inspect.signature(flce).parameters
+
+
+def liger_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *,
+                               ignore_index: int = IGNORE_INDEX, scale: float = 1.0,
+                               softcap: float | None = None) -> torch.Tensor:
+    """Liger's fused linear cross-entropy (sum), weight gradient accumulated in fp32 when it can.
+
+    The logit scale is folded into the hidden states (the matmul is linear); the softcap is
+    Liger's own `softcap` argument.
+    """
+    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy as flce
+
+    params = inspect.signature(flce).parameters
     kwargs = {"ignore_index": ignore_index, "reduction": "sum"}
-    if weight.dtype != torch.float32 and "accum_dtype" in inspect.signature(flce).parameters:
+    if weight.dtype != torch.float32 and "accum_dtype" in params:
         kwargs["accum_dtype"] = torch.float32
-    out = flce(hidden, weight, labels, **kwargs)
+    if softcap:
+        if not liger_has_softcap():
+            raise ValueError("this liger-kernel has no softcap argument: the model's logit softcapping needs it")
+        kwargs["softcap"] = float(softcap)
+    out = flce(hidden * scale if scale != 1.0 else hidden, weight, labels, **kwargs)
     return out[0] if isinstance(out, tuple) else getattr(out, "loss", out)
 
 
 def linear_cross_entropy_sum(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *,
                              impl: str = "chunked", index: torch.Tensor | None = None,
-                             chunk_rows: int | None = None, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+                             chunk_rows: int | None = None, ignore_index: int = IGNORE_INDEX,
+                             scale: float = 1.0, softcap: float | None = None) -> torch.Tensor:
     """Summed token cross-entropy of the lm_head, fp32 0-dim tensor.
 
     `index` (flat positions of the labelled tokens, computed on the host) restricts the
     lm_head to those tokens: prompt tokens of instruction data cost no vocabulary matmul.
+    `scale` and `softcap`: the model's transform of its logits (see the module docstring).
     """
     hidden = hidden.reshape(-1, hidden.shape[-1])
     labels = labels.reshape(-1)
     if index is not None:
         hidden, labels = hidden.index_select(0, index), labels.index_select(0, index)
     if impl == "plain":
-        return F.cross_entropy(F.linear(hidden, weight).float(), labels, ignore_index=ignore_index, reduction="sum")
+        return F.cross_entropy(transformed_logits(F.linear(hidden, weight), scale, softcap), labels,
+                               ignore_index=ignore_index, reduction="sum")
     if impl == "liger" and hidden.shape[0] > 0:
-        return liger_linear_cross_entropy(hidden, weight, labels, ignore_index=ignore_index)
+        return liger_linear_cross_entropy(hidden, weight, labels, ignore_index=ignore_index, scale=scale,
+                                          softcap=softcap)
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f"loss implementation {impl!r}: use one of {', '.join(IMPLEMENTATIONS)}")
     return chunked_linear_cross_entropy(hidden, weight, labels, chunk_rows=chunk_rows, ignore_index=ignore_index,
-                                        may_ignore=index is None)
+                                        may_ignore=index is None, scale=scale, softcap=softcap)

@@ -154,52 +154,158 @@ def mixed_precision(use_gpu: bool):
     return MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
 
 
+class UnsupportedArchitecture(ModelSourceError):
+    """The model's class does not expose what sharding needs (decoder layers, embeddings, lm_head)."""
+
+
+@dataclass(frozen=True)
+class ModelParts:
+    """The modules FSDP2 groups, found through what transformers exposes for the model."""
+
+    decoder: nn.Module           # get_decoder(): the base model holding the layers
+    layers: tuple[nn.Module, ...]  # classes named in _no_split_modules (what HF's own FSDP wrapping uses)
+    embed: nn.Module             # get_input_embeddings()
+    norm: nn.Module | None       # the stage after the layers in the base model's pipeline plan
+    head: nn.Module              # get_output_embeddings()
+
+    @property
+    def tied(self) -> bool:
+        return getattr(self.head, "weight", None) is not None and self.head.weight is getattr(self.embed, "weight", None)
+
+
+def model_name(model: nn.Module) -> str:
+    """The transformers class name, also once fully_shard has swapped in FSDP<Name>."""
+    return type(model).__name__.removeprefix("FSDP")
+
+
+def _class_names(module: nn.Module) -> set[str]:
+    """The module's class and its bases: FSDP2 swaps in a subclass named FSDP<Name>."""
+    return {c.__name__ for c in type(module).__mro__}
+
+
+def _pipeline_stages(decoder: nn.Module) -> list[str]:
+    plan = getattr(decoder, "_pp_plan", None) or getattr(getattr(decoder, "config", None), "base_model_pp_plan", None)
+    return list(plan or {})
+
+
+def model_parts(model: nn.Module) -> ModelParts:
+    """Decoder layers, embeddings, final norm and lm_head of a transformers causal LM.
+
+    Layers are the modules whose class is in `_no_split_modules` (else the ModuleList of the
+    base model's pipeline plan); the final norm is the stage after the layers in that plan
+    (else a direct child of the base model whose class name has "Norm", transformers' own
+    test in `_init_weights`); without one it stays in the root FSDP group. Raises
+    UnsupportedArchitecture naming what is missing.
+    """
+    name = model_name(model)
+    missing = []
+    try:
+        embed = model.get_input_embeddings()
+    except (NotImplementedError, AttributeError):
+        embed = None
+    if embed is None or getattr(embed, "weight", None) is None:
+        missing.append("input embeddings (get_input_embeddings() gives no module with a weight)")
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None or getattr(head, "weight", None) is None:
+        missing.append("an lm_head (get_output_embeddings() gives no module with a weight)")
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+    no_split = set(getattr(model, "_no_split_modules", None) or ())
+    layers: list[nn.Module] = []
+    if no_split:
+        inside: set[int] = set()
+        for module in decoder.modules():
+            if id(module) in inside:
+                continue
+            if _class_names(module) & no_split:
+                layers.append(module)
+                inside.update(id(m) for m in module.modules())
+    if not layers:
+        lists = [getattr(decoder, s, None) for s in _pipeline_stages(decoder)]
+        layers = next((list(m) for m in lists if isinstance(m, nn.ModuleList) and len(m)), [])
+    if not layers:
+        missing.append(f"decoder layers (no module of {type(decoder).__name__} is of a class in _no_split_modules "
+                       f"{sorted(no_split) or '(empty)'}, and its pipeline plan names no layer list)")
+    if missing:
+        raise UnsupportedArchitecture(f"{name} ({getattr(model.config, 'model_type', '?')}) cannot be sharded by "
+                                      f"the trainer: it has no {'; no '.join(missing)}. Use a causal LM whose "
+                                      f"transformers class exposes them (Llama, Qwen, Mistral, Gemma, Phi-3, "
+                                      f"GPT-NeoX, Mixtral, ...)")
+    norm = _final_norm(decoder, layers, embed)
+    return ModelParts(decoder, tuple(layers), embed, norm, head)
+
+
+def _final_norm(decoder: nn.Module, layers: list[nn.Module], embed: nn.Module) -> nn.Module | None:
+    stages = _pipeline_stages(decoder)
+    layer_ids = {id(m) for m in layers}
+    after = []
+    for i, stage in enumerate(stages):
+        module = getattr(decoder, stage, None)
+        if isinstance(module, nn.ModuleList) and any(id(m) in layer_ids for m in module):
+            after = [getattr(decoder, s, None) for s in stages[i + 1:]]
+    candidates = [m for m in after if isinstance(m, nn.Module) and any(True for _ in m.parameters())]
+    if not candidates:
+        candidates = [m for m in decoder.children() if any("Norm" in n for n in _class_names(m))
+                      and id(m) not in layer_ids and m is not embed]
+    return candidates[-1] if candidates else None
+
+
+def check_architecture(config) -> ModelParts:
+    """Build the model on the meta device (no memory) and find its parts: the pre-flight check."""
+    from transformers import AutoModelForCausalLM
+
+    model_type = getattr(config, "model_type", "?")
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except Exception as e:  # noqa: BLE001 - whatever transformers raises, the user gets the config named
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        if "Unrecognized configuration class" in first:
+            raise UnsupportedArchitecture(f"model_type {model_type!r}: transformers has no causal-LM class the "
+                                          f"trainer can build for it ({first})") from None
+        raise UnsupportedArchitecture(f"model_type {model_type!r}: transformers cannot build the model from this "
+                                      f"config.json ({type(e).__name__}: {first}); fix the config") from None
+    return model_parts(model)
+
+
 def shard_model(model: nn.Module, mp_policy, mesh=None) -> nn.Module:
-    """fully_shard each decoder layer, the embedding/norm/lm_head group, then the root."""
+    """fully_shard each decoder layer, the embedding/norm/lm_head group, then the root (everything else)."""
     from torch.distributed.fsdp import fully_shard
 
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-    layers = list(decoder.layers)
-    for i, layer in enumerate(layers):
+    parts = model_parts(model)
+    for i, layer in enumerate(parts.layers):
         # The last layer is needed again right away by backward: keep it gathered.
-        fully_shard(layer, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=i < len(layers) - 1)
-    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
-    if head is not None and head.weight is embed.weight:
-        fully_shard([embed, decoder.norm, head], mesh=mesh, mp_policy=mp_policy)
+        fully_shard(layer, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=i < len(parts.layers) - 1)
+    tail = [m for m in (parts.norm, parts.head) if m is not None]
+    if parts.tied:
+        fully_shard([parts.embed, *tail], mesh=mesh, mp_policy=mp_policy)
     else:
-        fully_shard(embed, mesh=mesh, mp_policy=mp_policy)
-        fully_shard([decoder.norm, head], mesh=mesh, mp_policy=mp_policy)
+        fully_shard(parts.embed, mesh=mesh, mp_policy=mp_policy)
+        fully_shard(tail, mesh=mesh, mp_policy=mp_policy)
     fully_shard(model, mesh=mesh, mp_policy=mp_policy)
     return model
 
 
-def _reset_rotary_buffers(model: nn.Module, device: torch.device) -> None:
-    """Non-persistent buffers (RoPE inverse frequencies) are not in any checkpoint: recompute them."""
-    for module in model.modules():
-        if hasattr(module, "inv_freq") and hasattr(module, "config"):
-            fresh = type(module)(module.config, device=device)
-            for name, buf in fresh.named_buffers(recurse=False):
-                setattr(module, name, buf)
-
-
 def has_weights(path: str | Path) -> bool:
-    return any(Path(path).glob("*.safetensors"))
+    return any(Path(path).glob("*.safetensors")) or any(Path(path).glob("pytorch_model*.bin"))
 
 
-def load_weights(model: nn.Module, path: str | Path) -> None:
-    """Read this rank's slices of the safetensors files straight into the sharded parameters."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import HuggingFaceStorageReader
+def initialise_unloaded(model: nn.Module, seed: int) -> None:
+    """What from_pretrained does after loading: the model's own `_init_weights` for every module.
 
-    state = model.state_dict()
-    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
-    if head is not None and head.weight is embed.weight:
-        state = {k: v for k, v in state.items() if k != "lm_head.weight"}
-    try:
-        dcp.load(state, storage_reader=HuggingFaceStorageReader(str(path)))
-    except Exception as e:  # noqa: BLE001
-        raise ModelSourceError(f"model weights in {path}: cannot be loaded into "
-                               f"{type(model).__name__} ({str(e).splitlines()[0][:300]})") from e
+    Loaded tensors carry transformers' `_is_hf_initialized` flag, which its init functions
+    respect, so this sets only what no checkpoint holds: non-persistent buffers (RoPE
+    frequencies per layer type, Gemma's embedding scale) and missing weights.
+    """
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        model.initialize_weights()
+
+
+def load_weights(model: nn.Module, path: str | Path) -> dict:
+    """Read this rank's slices of the checkpoint into the sharded parameters (trainer.weights)."""
+    from trainer.weights import load_sharded
+
+    return load_sharded(model, Path(path))
 
 
 @functools.lru_cache(maxsize=None)
@@ -238,8 +344,7 @@ def compile_layers(model: nn.Module) -> None:
     """
     import torch
 
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-    for layer in decoder.layers:
+    for layer in model_parts(model).layers:
         layer.forward = torch.compile(layer.forward)
 
 
@@ -289,13 +394,9 @@ def build_model(
         compile_layers(model)
     shard_model(model, mixed_precision(use_gpu), mesh=mesh)
     model.to_empty(device=device)
-    _reset_rotary_buffers(model, device)
     if has_weights(path):
         load_weights(model, path)
-    else:
-        torch.manual_seed(seed)
-        with torch.no_grad():
-            model.init_weights()
+    initialise_unloaded(model, seed)
     model.train()
     return model
 

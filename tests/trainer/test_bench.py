@@ -71,7 +71,8 @@ def test_without_accelerate_the_baseline_line_names_the_fix_and_the_trainer_stil
 
 def test_bad_options_are_named_with_the_fix(capsys):
     assert bench.main(["--model-shape", "llama-70b"]) == 2
-    assert "--model-shape 'llama-70b': unknown; use one of qwen2.5-1.5b, small, tiny" in capsys.readouterr().err
+    assert ("--model-shape 'llama-70b': not a named shape (qwen2.5-1.5b, small, tiny) nor a model folder with "
+            "config.json or a config .json file") in capsys.readouterr().err
     assert bench.main(["--global-batch-size", "8", "--micro-batch-size", "3"]) == 2
     assert "positive divisor of --global-batch-size 8" in capsys.readouterr().err
     assert bench.main(["--setups", "hf_trainer,deepspeed"]) == 2
@@ -131,3 +132,34 @@ def test_harness_runs_the_same_training_under_ray_and_torchrun(ray_cluster, trai
         assert r["steady_tokens_per_s"] > 0 and len(r["intervals"]) == 3 and r["workers"] == 2
         assert (tmp_path / path / "metrics.jsonl").is_file()
     assert lines["summary"]["ray_vs_torchrun"] > 0
+
+
+def test_throughput_of_any_architecture_from_its_config_folder_or_file(tmp_path, capsys):
+    """A Mixtral folder (config only) and a Gemma 2 config.json: the real shape in the FLOPs, MoE aux loss and all."""
+    from trainer import flops
+
+    from .architectures import config
+
+    folder = tmp_path / "mixtral"
+    config("mixtral", False).save_pretrained(folder)
+    code, records, err = _bench_without(NO_RAY, "--model-shape", str(folder), "--seq-len", "32", "--global-batch-size",
+                                        "2", "--hf-micro-batch-size", "2", "--steps", "1", "--warmup", "0")
+    lines = {r["setup"]: r for r in records}
+    assert code == 0, (records, err[-2000:])
+    for setup in ("hf_trainer", "trainer"):
+        r = lines[setup]
+        assert (r["model_type"], r["model_shape"]) == ("mixtral", str(folder)) and r["tokens_per_s"] > 0
+        assert r["params"] == flops.parameter_count(config("mixtral", False)) > r["matmul_params_per_token"]
+        assert r["gflop_per_token"] == round(flops.flops_per_token(config("mixtral", False), 32) / 1e9, 4)
+    assert lines["trainer"]["loss_impl"] == "chunked"
+    gemma = tmp_path / "gemma2"
+    config("gemma2", True).save_pretrained(gemma)
+    code, records, err = _bench_without(NO_RAY, "--model-shape", str(gemma / "config.json"), "--seq-len", "32",
+                                        "--global-batch-size", "2", "--steps", "1", "--warmup", "0",
+                                        "--setups", "trainer")
+    assert code == 0, (records, err[-2000:])
+    trainer = {r["setup"]: r for r in records}["trainer"]
+    assert trainer["model_type"] == "gemma2" and trainer["loss_impl"] == "chunked" and trainer["last_loss"] > 0
+    (tmp_path / "broken.json").write_text("{not json")
+    assert bench.main(["--model-shape", str(tmp_path / "broken.json")]) == 2
+    assert "not a transformers model config" in capsys.readouterr().err

@@ -177,3 +177,70 @@ def test_chunked_equals_plain_under_fsdp2_with_the_tied_head_sharded(demo_assets
     assert plain["grads"]["model.embed_tokens.weight"].abs().max() > 0
     for name, p in plain["params"].items():
         torch.testing.assert_close(chunked["params"][name], p, rtol=1e-4, atol=1e-6, msg=name)
+
+
+# ---------------------------------------------------------------- what the model does after its head
+
+def _transformed_plain(scale, softcap):
+    from trainer.losses import transformed_logits
+
+    return lambda h, w, y: F.cross_entropy(transformed_logits(F.linear(h, w), scale, softcap), y,
+                                           ignore_index=IGNORE_INDEX, reduction="sum")
+
+
+@pytest.mark.parametrize("scale,softcap", [(1.0, 3.0), (0.25, None), (0.5, 2.0)])
+def test_chunked_applies_the_models_softcap_and_logit_scale_exactly(scale, softcap):
+    hidden, weight, labels = _case()
+    with torch.no_grad():
+        weight.mul_(10)  # logits well beyond the cap: tanh saturates
+    ref = _value_and_grads(_transformed_plain(scale, softcap), hidden, weight, labels)
+    got = _value_and_grads(lambda h, w, y: chunked_linear_cross_entropy(h, w, y, chunk_rows=64, scale=scale,
+                                                                         softcap=softcap), hidden, weight, labels)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    untransformed = _value_and_grads(_plain, hidden, weight, labels)
+    assert abs(float(untransformed[0]) - float(ref[0])) > 0.1 * float(ref[0])  # the transform matters here
+    for impl in ("plain", "chunked"):
+        got = _value_and_grads(lambda h, w, y: linear_cross_entropy_sum(h, w, y, impl=impl, scale=scale,
+                                                                         softcap=softcap), hidden, weight, labels)
+        torch.testing.assert_close(got[0], ref[0], rtol=1e-5, atol=1e-5)
+
+
+def test_softcap_in_bf16_stays_within_bf16_rounding():
+    hidden, weight, labels = _case(n=512, d=64, vocab=301, dtype=torch.bfloat16)
+    exact = _value_and_grads(_transformed_plain(1.0, 4.0), hidden.detach().double().requires_grad_(),
+                             weight.detach().double().requires_grad_(), labels)
+    got = _value_and_grads(lambda h, w, y: chunked_linear_cross_entropy(h, w, y, chunk_rows=128, softcap=4.0),
+                           hidden, weight, labels)
+    for name, a, e in zip(("loss", "hidden grad", "weight grad"), got, exact):
+        assert float((a.double() - e).abs().max()) <= 1e-2 * float(e.abs().max()), name
+
+
+def test_a_model_that_changes_its_logits_in_an_unknown_way_gets_the_plain_loss(caplog):
+    """The chunked loss cannot know this transform: the check sees the mismatch and falls back."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from trainer.step import check_loss_path, head_transform
+
+    class ShiftedLogits(LlamaForCausalLM):
+        def forward(self, *args, **kwargs):
+            out = super().forward(*args, **kwargs)
+            out.logits = out.logits * 0.5 + 1.0
+            return out
+
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, pad_token_id=0)
+    torch.manual_seed(0)
+    model = ShiftedLogits(config)
+    assert head_transform(model).scale == 1.0 and head_transform(model).softcap is None
+    with caplog.at_level("WARNING", logger="trainer"):
+        assert check_loss_path(model, "chunked", torch.device("cpu")) == "plain"
+    assert "does not reproduce ShiftedLogits's own loss" in caplog.text
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    batch = packed_batch(64)
+    out = train_step(model, opt, None, [batch], device=torch.device("cpu"), grad_clip=0.0, loss="chunked")
+    logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
+    own = F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten(), ignore_index=IGNORE_INDEX)
+    assert float(out.loss) == pytest.approx(float(own), rel=1e-5)
+    plain_llama = LlamaForCausalLM(config)
+    assert check_loss_path(plain_llama, "chunked", torch.device("cpu")) == "chunked"
