@@ -23,7 +23,7 @@ import torch.distributed as dist
 from trainer import checkpoint as ckpt
 from trainer import flops as flops_lib
 from trainer.config import TrainConfig, total_steps
-from trainer.data import PackedData, prepare
+from trainer.data import DataSpec, PackedData, prepare
 from trainer.metrics import EVENTS_FILE, METRICS_FILE, TENSORBOARD_DIR, IntervalTracker, MetricsWriter
 from trainer.model import (build_model, build_optimizer, build_scheduler, enable_activation_checkpointing,
                            load_tokenizer, resolve_model_path)
@@ -32,6 +32,7 @@ from trainer.storage import Storage
 
 log = logging.getLogger("trainer")
 
+CHAT_TEMPLATE_KEY = "chat_template_text"  # train_loop_config key: --chat-template's text, read by the driver
 LOSS = "auto"  # train_step's loss, also the one the micro-batch probe runs (they must use the same memory)
 
 
@@ -120,12 +121,13 @@ def transport_check(cfg: TrainConfig, env: WorkerEnv) -> None:
 def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
         latest_checkpoint: str | None = None,
         reporter: Callable[[dict, str | None], None] | None = None,
-        preemption: Callable[[], Any] | None = None) -> dict:
+        preemption: Callable[[], Any] | None = None, chat_template: str | None = None) -> dict:
     """Train to the configured number of steps; returns the last logged metrics.
 
     `preemption` (ray.train.get_preemption_info under Ray) is asked at every logging step,
     on every rank (it is a barrier); once it reports a node about to be reclaimed, a
-    checkpoint is saved right away, so the restart loses at most those steps.
+    checkpoint is saved right away, so the restart loses at most those steps. `chat_template`
+    (the text of --chat-template, read by the driver) replaces the tokenizer's.
     """
     rank0 = env.rank == 0
     cache_dir = cfg.resolved_cache_dir
@@ -137,8 +139,10 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
     model_path = resolve_model_path(cfg.model, cache_dir, storage_fs=remote_fs)
     tokenizer = load_tokenizer(resolve_model_path(cfg.tokenizer, cache_dir, storage_fs=remote_fs)
                                if cfg.tokenizer else model_path)
-    data: PackedData = prepare(cfg.dataset, cfg.dataset_split, tokenizer, cfg.seq_len, cache_dir,
-                               storage_fs=remote_fs)
+    if chat_template:
+        tokenizer.chat_template = chat_template
+    data: PackedData = prepare(DataSpec.from_config(cfg), tokenizer=tokenizer, seq_len=cfg.seq_len,
+                               cache_dir=cache_dir, storage_fs=remote_fs)
     steps = total_steps(cfg, data.steps_per_epoch(cfg.global_batch_size))
     data.step_rows(0, cfg.global_batch_size, cfg.seed)  # fails early if the data is smaller than one batch
 
@@ -146,7 +150,7 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
                         attn_implementation=cfg.attn_implementation,
                         activation_checkpointing=cfg.activation_checkpointing, seed=cfg.seed)
     optimizer = build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=cfg.use_gpu)
-    scheduler = build_scheduler(optimizer, warmup=cfg.warmup_steps, total=steps,
+    scheduler = build_scheduler(optimizer, warmup=cfg.warmup_for(steps), total=steps,
                                 schedule=cfg.schedule, min_ratio=cfg.min_lr_ratio)
     fit = resolve_micro_batch(cfg, model, optimizer, env)  # before resume: the optimizer holds no state yet
     micro = fit["micro_batch_size"]
@@ -338,6 +342,8 @@ def train_func(config: dict) -> None:
     if os.environ.get("TRAINER_QUIET_RAY") == "1":
         _quiet_ray_reports()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    config = dict(config)
+    chat_template = config.pop(CHAT_TEMPLATE_KEY, None)
     cfg = TrainConfig.from_dict(config)
     ctx = ray.train.get_context()
     device = None
@@ -354,6 +360,6 @@ def train_func(config: dict) -> None:
         ckpt.report_to_ray(metrics, checkpoint_path, storage)
 
     run(cfg, env, storage, latest_checkpoint=latest.path if latest else None, reporter=reporter,
-        preemption=ray.train.get_preemption_info)
+        preemption=ray.train.get_preemption_info, chat_template=chat_template)
     if dist.is_initialized():
         dist.barrier()
