@@ -8,7 +8,8 @@
     --dataset s3://bucket/key or s3://bucket/prefix/                        any of the above in S3
 
 s3:// inputs are copied to the node's cache through the run storage's filesystem (pyarrow,
-the same credentials and endpoint as checkpoints; no s3fs needed), then read like local ones.
+the same credentials and endpoint as checkpoints; no s3fs needed), re-fetched when an
+object's size or modification time changes, then read like local ones.
 Splits accept datasets' slicing syntax (`train[:1000]`).
 """
 
@@ -98,10 +99,10 @@ def _fetch_s3(uri: str, storage_fs: Any, cache_dir: Path) -> Path:
     store = Storage.from_uri(parent, fs=storage_fs)
     if not store.exists(name):
         raise DataError(f"dataset {uri!r}: not found in S3; check the bucket and key (and the pod's IAM role)")
-    listing = store.file_sizes(name) if store.is_dir(name) else {"": store.fs.get_file_info(store.path(name)).size}
+    listing = _listing(store, name)
     if not listing:
         raise DataError(f"dataset {uri!r}: an empty S3 prefix; it holds no files")
-    key = hashlib.sha256(json.dumps([uri, sorted(listing.items())]).encode()).hexdigest()[:16]
+    key = hashlib.sha256(json.dumps([uri, listing]).encode()).hexdigest()[:16]
     target = cache_dir / "datasets-s3" / key
     local = target / name
     if (target / ".complete").is_file():
@@ -117,6 +118,20 @@ def _fetch_s3(uri: str, storage_fs: Any, cache_dir: Path) -> Path:
     shutil.rmtree(target, ignore_errors=True)
     tmp.rename(target)
     return local
+
+
+def _listing(store, name: str) -> list[list]:
+    """[relative path, size, mtime] of the object or of every object under the prefix."""
+    import posixpath
+
+    import pyarrow.fs as pafs
+
+    base = store.path(name)
+    info = store.fs.get_file_info(base)
+    infos = store.fs.get_file_info(pafs.FileSelector(base, recursive=True)) if info.type == pafs.FileType.Directory \
+        else [info]
+    return sorted([posixpath.relpath(i.path, base) if i.path != base else "", i.size, i.mtime_ns]
+                  for i in infos if i.type == pafs.FileType.File)
 
 
 def _first_line(err: BaseException) -> str:
