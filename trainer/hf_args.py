@@ -34,7 +34,6 @@ REFUSED = {
     "optim": "the optimizer is AdamW (fused on GPU); other optimizers are not supported",
     "adam_beta1": "AdamW's betas are fixed at (0.9, 0.95) here", "adam_beta2": "AdamW's betas are fixed at (0.9, 0.95) here",
     "adam_epsilon": "AdamW's epsilon is fixed at 1e-8 here",
-    "lr_scheduler_kwargs": "only cosine_with_min_lr's min_lr_rate is understood (use min_lr_ratio)",
     "eval_strategy": "this trainer has no evaluation loop", "evaluation_strategy": "this trainer has no evaluation loop",
     "eval_steps": "this trainer has no evaluation loop", "do_eval": "this trainer has no evaluation loop",
     "per_device_eval_batch_size": "this trainer has no evaluation loop", "eval_packing": "this trainer has no evaluation loop",
@@ -110,8 +109,10 @@ def is_hf_key(name: str) -> bool:
         name in _training_argument_names()
 
 
+# names both trainers use, read with transformers' rules (a float warmup_steps below 1 is a ratio, report_to a list)
+SHARED_SEMANTICS = {"warmup_steps", "warmup_ratio", "report_to"}
 _EXTRA = {"num_train_epochs", "max_steps", "warmup_steps", "warmup_ratio", "lr_scheduler_type", "output_dir",
-          "report_to", "gradient_accumulation_steps", "completion_only_loss", "assistant_only_loss"}
+          "report_to", "gradient_accumulation_steps", "lr_scheduler_kwargs", "completion_only_loss", "assistant_only_loss"}
 
 
 def translate(values: Mapping[str, Any], source: str,
@@ -121,7 +122,7 @@ def translate(values: Mapping[str, Any], source: str,
     own: dict[str, Any] = {}
     mapped: dict[str, Any] = {}
     problems: list[str] = []
-    hf = {k: v for k, v in values.items() if k not in ours and is_hf_key(k)}
+    hf = {k: v for k, v in values.items() if (k not in ours or k in SHARED_SEMANTICS) and is_hf_key(k)}
 
     def refuse(key: str, why: str) -> None:
         problems.append(f"{source} key {key!r} = {values[key]!r}: not applicable here: {why}")
@@ -185,6 +186,8 @@ def _warmup(hf: dict, mapped: dict, refuse) -> None:
 
 def _schedule(hf: dict, mapped: dict, refuse) -> None:
     name = hf.get("lr_scheduler_type")
+    if "lr_scheduler_kwargs" in hf and name != "cosine_with_min_lr":
+        refuse("lr_scheduler_kwargs", "only cosine_with_min_lr's min_lr_rate is understood (or use min_lr_ratio)")
     if name is None:
         return
     if name not in SCHEDULES:
@@ -204,7 +207,6 @@ def _schedule(hf: dict, mapped: dict, refuse) -> None:
                                         "(the final learning rate as a fraction of learning_rate)")
         else:
             mapped["min_lr_ratio"] = rate
-    hf.pop("lr_scheduler_kwargs", None)
 
 
 def _loss_mask(hf: dict, mapped: dict, refuse) -> None:
