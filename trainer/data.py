@@ -292,6 +292,11 @@ class PackedData:
             self._perm = ((seed, epoch), np.random.default_rng([seed, epoch]).permutation(self.num_rows))
         return self._perm[1][index * global_batch:(index + 1) * global_batch]
 
+    def tokens_through(self, steps: int, global_batch: int, seed: int) -> int:
+        """Real (non-padding) tokens of every row the first `steps` steps train on."""
+        real = self.arrays["real_tokens"]
+        return int(sum(int(real[np.sort(self.step_rows(s, global_batch, seed))].sum()) for s in range(steps)))
+
     def micro_batches(self, step: int, *, rank: int, world_size: int, global_batch: int,
                       micro_batch: int, seed: int) -> list[dict]:
         """This rank's micro-batches of a step (contiguous share of the global batch)."""

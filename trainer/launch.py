@@ -90,6 +90,11 @@ def preflight(cfg: TrainConfig, storage_filesystem: Any = None) -> dict:
             read_model_config(cfg.tokenizer, storage_fs=fs_for(cfg.tokenizer))
         except ModelSourceError as e:
             problems.append(f"{flag('tokenizer')}: {str(e).replace('model ', 'tokenizer ', 1)}")
+    from trainer.metrics import missing_backends
+
+    for name in missing_backends(cfg.reporters):
+        problems.append(f"{flag('report_to')} {name}: the {name} package is not installed where the job runs; "
+                        f"install it (pip install {name}; with `trainer submit`, --pip {name}), or drop it")
     tokenizer = None
     if cfg.chat_template:
         try:

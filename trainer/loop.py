@@ -22,9 +22,11 @@ import torch.distributed as dist
 
 from trainer import checkpoint as ckpt
 from trainer import flops as flops_lib
+from trainer import record as run_record
 from trainer.config import TrainConfig, total_steps
 from trainer.data import DataSpec, PackedData, prepare
-from trainer.metrics import EVENTS_FILE, METRICS_FILE, TENSORBOARD_DIR, IntervalTracker, MetricsWriter
+from trainer.metrics import (EVENTS_FILE, METRICS_FILE, MLFLOW_DIR, TENSORBOARD_DIR, IntervalTracker, MetricsWriter,
+                             RayReportBudget)
 from trainer.model import (build_model, build_optimizer, build_scheduler, enable_activation_checkpointing,
                            load_tokenizer, resolve_model_path)
 from trainer.step import choose_micro_batch, train_step
@@ -172,12 +174,17 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
     # Inside Ray Train the logger reaches the driver once; a print would arrive twice (Ray's print patch).
     emit = log.info if log.isEnabledFor(logging.INFO) and log.hasHandlers() else None
     writer = MetricsWriter(metrics_dir, enabled=rank0, start_step=start, total_steps=steps,
-                           progress=cfg.progress, emit=emit)
+                           progress=cfg.progress, emit=emit, reporters=cfg.reporters,
+                           run_name=cfg.resolved_run_name, config=cfg.to_dict())
+    ray_budget = RayReportBudget()
     fpt = flops_lib.flops_per_token(model.config, cfg.seq_len)
     tracker = IntervalTracker(env.device, fpt, flops_lib.device_peak_flops(cfg.peak_tflops), env.world_size)
     writer.event("resume" if resume_from else "start", step=start, world_size=env.world_size,
                  checkpoint=storage.path(resume_from) if resume_from else None, total_steps=steps,
                  micro_batch_size=micro, grad_accum_steps=cfg.grad_accum_for(micro), micro_batch=fit)
+    record = run_record.write_run_record(storage, cfg, device=env.device, rank=env.rank, world_size=env.world_size,
+                                         data_meta=data.meta, data_key=data.fingerprint, start_step=start,
+                                         total_steps=steps)
     if rank0:
         log.info("training %s for %d steps (start %d): %d workers x %d micro-batches x %d sequences of %d tokens",
                  cfg.model, steps, start, env.world_size, cfg.grad_accum_for(micro), micro, cfg.seq_len)
@@ -202,8 +209,11 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
         log_now = done % cfg.log_every == 0 or done == steps
         save_now = (cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or done == steps
         if log_now:
-            last = {**tracker.summarize(done), "epoch": data.position(done, cfg.global_batch_size)["epoch"]}
+            last = {**tracker.summarize(done, vote=rank0 and ray_budget.wanted()),
+                    "epoch": data.position(done, cfg.global_batch_size)["epoch"]}
             writer.log(last)
+            if reporter and tracker.vote and not save_now:  # a barrier: only when rank 0 found it cheap
+                ray_budget.timed(lambda: reporter(last, None))
         if log_now and preemption and not (save_now or saved_for_preemption):
             notice = preemption()
             if notice is not None:
@@ -221,12 +231,14 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
             writer.event("checkpoint", step=done, path=path)
             if rank0 and not storage.is_local:
                 _upload_metrics(storage, metrics_dir)
-            if reporter:  # ray.train.report is a barrier: only here, never every step
-                reporter({**last, "checkpoint_step": done}, path)
+            if reporter:  # ray.train.report is a barrier: with checkpoints, and at logging steps where cheap
+                ray_budget.timed(lambda: reporter({**last, "checkpoint_step": done}, path))
             tracker.exclude(time.perf_counter() - t_save)
 
     if cfg.export:
-        exported = ckpt.export_hf(storage, model, tokenizer, source=model_path)
+        card = run_record.model_card(record, last, steps, data.tokens_through(steps, cfg.global_batch_size, cfg.seed)) \
+            if rank0 else None
+        exported = ckpt.export_hf(storage, model, tokenizer, source=model_path, card=card)
         writer.event("export", step=steps, path=exported)
     writer.close()
     if rank0 and not storage.is_local:
@@ -319,8 +331,9 @@ def _upload_metrics(storage: Storage, folder: Path) -> None:
     for name in (METRICS_FILE, EVENTS_FILE):
         if (folder / name).is_file():
             storage.upload_file(folder / name, name)
-    if (folder / TENSORBOARD_DIR).is_dir():
-        storage.upload_dir(folder / TENSORBOARD_DIR, TENSORBOARD_DIR)
+    for name in (TENSORBOARD_DIR, MLFLOW_DIR):
+        if (folder / name).is_dir():
+            storage.upload_dir(folder / name, name)
 
 
 def _quiet_ray_reports() -> None:
