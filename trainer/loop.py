@@ -214,6 +214,7 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
             writer.log(last)
             if reporter and tracker.vote and not save_now:  # a barrier: only when rank 0 found it cheap
                 ray_budget.timed(lambda: reporter(last, None))
+                tracker.exclude(ray_budget.cost)
         if log_now and preemption and not (save_now or saved_for_preemption):
             notice = preemption()
             if notice is not None:

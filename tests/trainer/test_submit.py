@@ -44,11 +44,18 @@ def job_args(demo_assets, trainer_cache, tmp_path_factory):
                      "--storage-path", str(storage), "--env", f"TRAINER_CACHE={trainer_cache}", *TRAIN]
 
 
+SHIPPED_TEMPLATE = "{# shipped with the job #}"
+
+
 @pytest.fixture(scope="module")
-def succeeded(ray_cluster, job_args):
+def succeeded(ray_cluster, job_args, tmp_path_factory):
+    from trainer import demo
+
     storage, args = job_args
+    template = tmp_path_factory.mktemp("template") / "chat.jinja"  # a local file: it travels with the job
+    template.write_text(SHIPPED_TEMPLATE + demo.CHAT_TEMPLATE)
     proc = cli("submit", "--address", ray_cluster.dashboard_url, "--run-name", "submit-ok", *args,
-               env=ray_cluster.client_env())
+               "--chat-template", str(template), env=ray_cluster.client_env())
     return proc, storage / "submit-ok"
 
 
@@ -60,6 +67,8 @@ def test_a_submitted_job_streams_its_logs_and_succeeds(succeeded):
     assert "Run submit-ok: SUCCEEDED" in proc.stderr
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [2, 4]
     assert (run / "model" / "config.json").is_file()
+    # the workers trained with the --chat-template file, which the exported tokenizer keeps
+    assert (run / "model" / "chat_template.jinja").read_text().startswith(SHIPPED_TEMPLATE)
 
 
 def test_the_entrypoint_runs_the_first_python_that_has_ray_and_torch(tmp_path):
