@@ -8,6 +8,7 @@ import sys
 # command -> (module, function taking argv and returning an exit code)
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "local": ("trainer.local", "main", "fine-tune a tiny model on a local CPU Ray cluster (start here)"),
+    "data": ("trainer.datacheck", "main", "validate a dataset as the job will: counts and rendered examples"),
     "train": ("trainer.launch", "main", "run a training job on a running Ray cluster"),
     "submit": ("trainer.submit", "main", "submit a run to a Ray cluster as a Ray job and follow it"),
     "status": ("trainer.submit", "status_main", "show a submitted run's status"),

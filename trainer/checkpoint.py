@@ -278,8 +278,10 @@ def report_to_ray(metrics: dict, checkpoint_path: str | None, storage: Storage) 
     ray.train.report(metrics, checkpoint=ckpt, checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
 
 
-def export_hf(storage: Storage, model, tokenizer, source: str | Path | None = None, name: str = EXPORT_DIR) -> str:
-    """Collective: gather full weights to rank 0 and write a Hugging Face folder (bf16 safetensors)."""
+def export_hf(storage: Storage, model, tokenizer, source: str | Path | None = None, name: str = EXPORT_DIR,
+              card: str | None = None) -> str:
+    """Collective: gather full weights to rank 0 and write a Hugging Face folder (bf16 safetensors),
+    with `card` (rank 0's model card text) as its README.md."""
     from transformers import GenerationConfig
 
     from transformers.core_model_loading import revert_weight_conversion
@@ -314,6 +316,8 @@ def export_hf(storage: Storage, model, tokenizer, source: str | Path | None = No
                 gen.pad_token_id = tokenizer.pad_token_id
             gen.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
+            if card:
+                (tmp / "README.md").write_text(card)
             if storage.exists(name):
                 storage.delete_dir(name)
             storage.upload_dir(tmp, name)

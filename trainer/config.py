@@ -22,6 +22,8 @@ SCHEDULES = ("cosine", "linear", "constant")
 DEVICES = ("cpu", "gpu")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
 SHARDINGS = ("auto", "full", "hybrid")
+TRAIN_ON = ("completion", "all")
+REPORT_TO = ("tensorboard", "wandb", "mlflow")
 AUTO = "auto"
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -41,6 +43,10 @@ class TrainConfig:
     dataset: str = ""
     tokenizer: str | None = None
     dataset_split: str = "train"
+    dataset_config: str | None = None
+    dataset_text_field: str = "text"
+    train_on: str = "completion"
+    chat_template: str | None = None
     seq_len: int = 2048
     global_batch_size: int = 64
     micro_batch_size: int | str = AUTO
@@ -49,11 +55,13 @@ class TrainConfig:
     lr: float = 1e-5
     min_lr_ratio: float = 0.0
     warmup_steps: int = 0
+    warmup_ratio: float = 0.0
     schedule: str = "cosine"
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     seed: int = 0
     log_every: int = 10
+    report_to: str = "tensorboard"
     checkpoint_every: int = 0
     num_to_keep: int = 2
     max_failures: int = 0
@@ -71,6 +79,18 @@ class TrainConfig:
     sharding: str = "auto"
     shard_size: int = 0
     instance_type: str | None = None
+
+    @property
+    def reporters(self) -> tuple[str, ...]:
+        """The metrics backends of --report-to, in order (none: only metrics.jsonl)."""
+        names = [n.strip() for n in self.report_to.split(",") if n.strip()]
+        return () if names == ["none"] else tuple(names)
+
+    def warmup_for(self, total: int) -> int:
+        """Warm-up steps: --warmup-steps, else --warmup-ratio of the run's steps (transformers' rule)."""
+        from trainer.hf_args import warmup_steps_for
+
+        return warmup_steps_for(self.warmup_steps, self.warmup_ratio, total)
 
     @property
     def use_gpu(self) -> bool:
@@ -136,7 +156,7 @@ def micro_batch_value(value: Any) -> Any:
 
 def _slug(value: str) -> str:
     base = value.rstrip("/").rsplit("/", 1)[-1]
-    base = re.sub(r"\.(jsonl|json|parquet)$", "", base)
+    base = re.sub(r"\.(jsonl|json|ndjson|parquet|csv|tsv|txt|arrow)(\.gz|\.zst|\.bz2|\.xz)?$", "", base)
     return re.sub(r"[^A-Za-z0-9._-]+", "-", base).strip("-.")[:40]
 
 
@@ -150,9 +170,15 @@ def is_remote(uri: str) -> bool:
 
 _FLAG_HELP: dict[str, str] = {
     "model": "Hugging Face hub id, local folder or s3:// prefix of the model to fine-tune",
-    "dataset": "instruction/chat data: hub id, local .jsonl/.parquet file, or s3:// URI",
+    "dataset": "training data: hub id, a .jsonl/.json/.parquet/.csv file, a folder of shards, save_to_disk output, "
+               "or an s3:// URI of one; records in TRL's formats (messages, prompt/completion, text)",
     "tokenizer": "tokenizer location if different from --model",
-    "dataset_split": "split to use for a hub dataset",
+    "dataset_split": "split to read (datasets' slicing works: train[:1000])",
+    "dataset_config": "hub dataset configuration (subset) name",
+    "dataset_text_field": "field of language-modelling records (trained on all tokens)",
+    "train_on": "trained tokens: completion (prompt/completion completions and assistant turns; text records: all) "
+                "or all",
+    "chat_template": "Jinja chat template file (local or s3://) to use instead of the tokenizer's",
     "seq_len": "packed sequence length in tokens",
     "global_batch_size": "sequences per optimizer step, the same for any number of workers",
     "micro_batch_size": "sequences per forward/backward pass on one worker: a positive integer, or auto for "
@@ -163,11 +189,13 @@ _FLAG_HELP: dict[str, str] = {
     "lr": "peak learning rate",
     "min_lr_ratio": "final learning rate as a fraction of --lr (cosine/linear)",
     "warmup_steps": "linear warm-up steps",
+    "warmup_ratio": "linear warm-up as a fraction of the run's steps (when --warmup-steps is 0)",
     "schedule": "learning-rate schedule after warm-up",
     "weight_decay": "AdamW weight decay",
     "grad_clip": "clip the global gradient norm to this value (0 disables)",
     "seed": "random seed (model init, data order)",
-    "log_every": "log metrics (metrics.jsonl, TensorBoard, ray.train.report) every N steps",
+    "log_every": "log metrics (metrics.jsonl, --report-to backends, Ray) every N steps",
+    "report_to": "metrics backends, comma-separated: tensorboard, wandb, mlflow, or none (metrics.jsonl only)",
     "checkpoint_every": "save a sharded checkpoint every N steps (0: only at the end)",
     "num_to_keep": "checkpoints Ray keeps in storage",
     "max_failures": "worker-group restarts Ray Train attempts, resuming from the last checkpoint",
@@ -189,13 +217,12 @@ _FLAG_HELP: dict[str, str] = {
     "instance_type": "GPU instance type of the workers, for the communication estimate (e.g. g6.12xlarge)",
 }
 
-# Names users bring from other trainers, mapped to ours for "did you mean" hints.
+# Names users bring from elsewhere that are neither ours nor TRL's/transformers', for "did you mean" hints.
 _ALIASES = {
-    "learning_rate": "lr", "max_steps": "steps", "num_epochs": "epochs", "batch_size": "global_batch_size",
-    "micro_batch": "micro_batch_size", "per_device_batch_size": "micro_batch_size", "model_name_or_path": "model",
-    "max_seq_length": "seq_len", "max_length": "seq_len", "sequence_length": "seq_len", "warmup": "warmup_steps",
-    "lr_scheduler_type": "schedule", "max_grad_norm": "grad_clip", "output_dir": "storage_path",
-    "workers": "num_workers", "gradient_checkpointing": "activation_checkpointing",
+    "num_epochs": "epochs", "epoch": "epochs", "batch_size": "global_batch_size", "micro_batch": "micro_batch_size",
+    "per_device_batch_size": "micro_batch_size", "sequence_length": "seq_len", "warmup": "warmup_steps",
+    "workers": "num_workers", "gpus": "num_workers", "save_every": "checkpoint_every", "log_steps": "log_every",
+    "scheduler": "schedule", "clip_grad": "grad_clip",
 }
 
 _CHOICES: dict[str, tuple[str, ...]] = {
@@ -203,6 +230,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "device": DEVICES,
     "attn_implementation": ATTN_IMPLEMENTATIONS,
     "sharding": SHARDINGS,
+    "train_on": TRAIN_ON,
 }
 
 
@@ -289,31 +317,63 @@ def _coerce(name: str, value: Any, problems: list[str], source: str) -> Any:
 
 def merge(yaml_values: Mapping[str, Any], flag_values: Mapping[str, Any],
           defaults: Mapping[str, Any] | None = None, yaml_source: str = "YAML") -> TrainConfig:
-    """Defaults < YAML < flags, then validate. Raises ConfigError listing every problem."""
+    """Defaults < YAML < flags, then validate. Raises ConfigError listing every problem.
+
+    The YAML may use this trainer's keys or TRL SFTConfig / TrainingArguments keys (trainer.hf_args).
+    """
+    from trainer import hf_args
+
     names = set(_field_types())
     problems: list[str] = []
     values: dict[str, Any] = dict(defaults or {})
-    for key, value in yaml_values.items():
-        name = str(key).replace("-", "_")
+    given = {str(key).replace("-", "_"): value for key, value in yaml_values.items()}
+    original = {str(key).replace("-", "_"): key for key in yaml_values}
+    own, mapped, hf_problems, hf = hf_args.translate(given, yaml_source, names | {"out"})
+    problems += hf_problems
+    for name in given:
+        if name in names or name == "out" or hf_args.is_hf_key(name):
+            continue
+        close = [_ALIASES[name]] if name in _ALIASES else difflib.get_close_matches(
+            name, sorted(names | hf_args.known_keys()), n=1, cutoff=0.75)
+        hint = f" (did you mean {close[0]!r}?)" if close else f"; known keys: {', '.join(sorted(names))}"
+        problems.append(f"{yaml_source} key {original[name]!r}: unknown configuration key{hint}")
+    for name, value in {**mapped, **own}.items():
         if name == "out":
             values.update(split_out(str(value)))
             continue
-        if name not in names:
-            close = [_ALIASES[name]] if name in _ALIASES else difflib.get_close_matches(name, sorted(names), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else f"; known keys: {', '.join(sorted(names))}"
-            problems.append(f"{yaml_source} key {key!r}: unknown configuration key{hint}")
-            continue
+        if name == "report_to":
+            value = _report_to_value(value, problems, f"{yaml_source} key {name}")
+            if value is None:
+                continue
         values[name] = _coerce(name, value, problems, f"{yaml_source} key")
     for name, value in flag_values.items():
         if name == "out":
             values.update(split_out(str(value)))
         elif name in names:
             values[name] = value
+    if "global_batch_size" not in own and "global_batch_size" not in flag_values:
+        hf_batch = hf_args.global_batch({**TrainConfig().to_dict(), **values}, hf)
+        if hf_batch is not None:
+            values["global_batch_size"] = hf_batch
     if problems:
         raise ConfigError(problems)
     cfg = TrainConfig(**values)
     validate(cfg)
     return cfg
+
+
+def _report_to_value(value: Any, problems: list[str], source: str) -> Any:
+    """transformers' report_to (a name, a list, "none"; "all" is ambiguous here) as --report-to text."""
+    items = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, str) for v in items):
+        problems.append(f"{source}: expected a name or a list of names ({', '.join(REPORT_TO)}, none), "
+                        f"found {value!r}")
+        return None
+    if "all" in items:
+        problems.append(f"{source}: 'all' means every installed integration in transformers; name the backends "
+                        f"here: {', '.join(REPORT_TO)} or none")
+        return None
+    return ",".join(items) if items else "none"
 
 
 def split_out(out: str) -> dict[str, str]:
@@ -349,7 +409,8 @@ def validate(cfg: TrainConfig) -> None:
     if not cfg.model:
         p.append(f"{flag('model')} (model): required; pass a hub id, a local model folder or an s3:// prefix")
     if not cfg.dataset:
-        p.append(f"{flag('dataset')} (dataset): required; pass a hub id, a .jsonl/.parquet file or an s3:// URI")
+        p.append(f"{flag('dataset')} (dataset): required; pass a hub id, a .jsonl/.json/.parquet/.csv file, a "
+                 f"folder of them, save_to_disk output or an s3:// URI")
     for name in ("seq_len", "global_batch_size", "num_workers", "log_every"):
         if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
             bad(name, "must be at least 1")
@@ -378,6 +439,18 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.attn_implementation == "flex_attention" and not cfg.use_gpu:
         bad("attn_implementation", "FlexAttention has no backward pass on CPU; use sdpa with --device cpu "
                                    "(it masks packed documents too)")
+    if not 0.0 <= cfg.warmup_ratio < 1.0:
+        bad("warmup_ratio", "must be at least 0 and below 1")
+    elif cfg.warmup_ratio and cfg.warmup_steps:
+        p.append(f"{flag('warmup_steps')} = {cfg.warmup_steps} and {flag('warmup_ratio')} = {cfg.warmup_ratio}: "
+                 f"give one of them, not both")
+    reporters = cfg.reporters
+    unknown = [r for r in reporters if r not in REPORT_TO]
+    if unknown or (not reporters and cfg.report_to.strip() != "none"):
+        bad("report_to", f"comma-separated names of {', '.join(REPORT_TO)}, or none"
+                         + (f" (unknown: {', '.join(unknown)})" if unknown else ""))
+    if not cfg.dataset_text_field:
+        bad("dataset_text_field", "must not be empty")
     if cfg.peak_tflops is not None and cfg.peak_tflops <= 0:
         bad("peak_tflops", "must be positive")
     if cfg.run_name is not None and not _RUN_NAME.match(cfg.run_name):

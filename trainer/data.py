@@ -1,15 +1,16 @@
-"""Instruction/chat data: load, render with the chat template, label responses, pack, shard.
+"""Training data: records -> tokens with a loss mask -> packed rows, cached per node, sharded per rank.
 
-Pipeline: records (hub id, local or s3:// JSONL/Parquet) -> messages -> chat-template text
-split into prompt and response segments -> token ids with a response mask -> documents
-packed into rows of seq_len tokens (best fit), position ids restarting at 0 for each
-document, labels pre-shifted and -100 everywhere except response tokens. The packed rows
-are cached per node (keyed by data, tokenizer and seq_len) as .npy files; each rank
-memory-maps them and reads only the rows of its own shard of each step.
+Pipeline: records (trainer.sources: hub, files, folders, save_to_disk, s3://, read by
+`datasets`) -> token ids and a trained mask (trainer.formats: TRL's formats, the chat
+template, TRL's masks) -> documents packed into rows of seq_len tokens (best fit),
+position ids restarting at 0 for each document, labels pre-shifted and -100 everywhere
+except trained tokens. The packed rows are cached per node (keyed by data, tokenizer,
+seq_len and the masking choices) as .npy files; each rank memory-maps them and reads only
+the rows of its own shard of each step.
 
 The rows of step s are a fixed slice of a seeded per-epoch permutation, so the data
 position is just the step number, and the global batch is identical whatever the number
-of workers. `datasets` is imported only for hub datasets.
+of workers.
 """
 
 from __future__ import annotations
@@ -17,182 +18,79 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from trainer import sources
+from trainer.formats import DataError, Example, Renderer, RecordError, to_example
+
+__all__ = ["DataError", "RecordError", "DataSpec", "PackedData", "prepare", "pack", "load_records", "check_records"]
+
 IGNORE_INDEX = -100
-FORMAT_VERSION = 2  # 2: best-fit packing
-_ROLE_ALIASES = {"human": "user", "gpt": "assistant", "bot": "assistant", "model": "assistant"}
-FIELD_SETS = ("messages", "conversations", "prompt + response (or completion)", "instruction (+ input) + output")
+FORMAT_VERSION = 3  # 3: TRL formats and masks, sources through datasets
 
 
-class DataError(ValueError):
-    """The dataset cannot be used: missing, empty, malformed or without the needed fields."""
+@dataclass(frozen=True)
+class DataSpec:
+    """What to read and how to mask it: the data half of a TrainConfig."""
+
+    dataset: str
+    split: str = "train"
+    config: str | None = None
+    text_field: str = "text"
+    train_on: str = "completion"
+
+    @classmethod
+    def from_config(cls, cfg) -> "DataSpec":
+        return cls(cfg.dataset, cfg.dataset_split, cfg.dataset_config, cfg.dataset_text_field, cfg.train_on)
 
 
-# ---------------------------------------------------------------- loading
+# ---------------------------------------------------------------- records
 
-def source_kind(spec: str) -> str:
-    lower = spec.lower()
-    if lower.endswith((".jsonl", ".json")):
-        return "json"
-    if lower.endswith(".parquet"):
-        return "parquet"
-    if spec.startswith("s3://") or Path(spec).expanduser().exists() or spec.startswith(("/", ".", "~")):
-        return "unknown"
-    return "hub"
+def load_records(spec: str, split: str = "train", *, config: str | None = None, storage_fs: Any = None,
+                 limit: int | None = None, cache_dir: str | Path | None = None) -> list[dict]:
+    """The split's records as dicts (the first `limit` of a hub dataset, streamed)."""
+    source = sources.resolve(spec, config=config, split=split, storage_fs=storage_fs, cache_dir=cache_dir)
+    return sources.records(source, limit=limit, cache_dir=cache_dir)
 
 
-def _storage(spec: str, storage_fs: Any = None):
-    from trainer.storage import Storage
-
-    parent, _, name = spec.rstrip("/").rpartition("/")
-    return Storage.from_uri(parent or ".", fs=storage_fs if spec.startswith("s3://") else None), name
+def examples(records: Iterable[dict], spec: str, text_field: str = "text") -> Iterator[Example]:
+    for i, r in enumerate(records):
+        yield to_example(r, f"dataset {spec!r} record {i}", text_field)
 
 
-def _parse_json(data: bytes, spec: str) -> list[dict]:
-    text = data.decode("utf-8")
-    stripped = text.lstrip()
-    if stripped.startswith("["):
-        try:
-            rows = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise DataError(f"dataset {spec!r}: not valid JSON ({e})") from None
-        return rows
-    rows = []
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            raise DataError(f"dataset {spec!r} line {n}: not valid JSON ({e.msg}); "
-                            f"each line of a .jsonl file must be one JSON object") from None
-    return rows
-
-
-def load_records(spec: str, split: str = "train", *, storage_fs: Any = None, limit: int | None = None) -> list[dict]:
-    """All records of a dataset as dicts (or the first `limit` for a hub dataset)."""
-    kind = source_kind(spec)
-    if kind == "hub":
-        return _load_hub(spec, split, limit)
-    store, name = _storage(spec, storage_fs)
-    if not store.exists(name) or store.is_dir(name):
-        what = "is a folder, not a file" if store.is_dir(name) else "not found"
-        raise DataError(f"dataset {spec!r}: {what}; pass an existing .jsonl or .parquet file, "
-                        f"an s3:// URI of one, or a Hugging Face hub dataset id")
-    if kind == "unknown":
-        raise DataError(f"dataset {spec!r}: unknown file type; use a .jsonl, .json or .parquet file")
-    if kind == "json":
-        rows = _parse_json(store.read_bytes(name), spec)
-    else:
-        import pyarrow.parquet as pq
-
-        try:
-            rows = pq.read_table(store.path(name), filesystem=store.fs).to_pylist()
-        except Exception as e:  # noqa: BLE001
-            raise DataError(f"dataset {spec!r}: cannot read as Parquet ({e})") from None
-    return rows[:limit] if limit else rows
-
-
-def _load_hub(spec: str, split: str, limit: int | None) -> list[dict]:
-    try:
-        import datasets
-    except ImportError:
-        raise DataError(f"dataset {spec!r}: a hub dataset needs the `datasets` package") from None
-    try:
-        if limit:
-            ds = datasets.load_dataset(spec, split=split, streaming=True)
-            return [r for _, r in zip(range(limit), ds)]
-        return datasets.load_dataset(spec, split=split).to_list()
-    except Exception as e:  # noqa: BLE001
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise DataError(f"dataset {spec!r} (split {split!r}): not a local file, and loading it from the "
-                        f"Hugging Face hub failed ({first}); check the path, the id and the split") from None
-
-
-def to_messages(record: Any, index: int = 0) -> list[dict]:
-    """One record as a list of {role, content} messages, whatever the supported layout."""
-    if not isinstance(record, dict):
-        raise DataError(f"record {index}: expected a JSON object, got {type(record).__name__}")
-    msgs = record.get("messages", record.get("conversations"))
-    if msgs is not None:
-        out = []
-        for m in msgs if isinstance(msgs, list) else []:
-            if not isinstance(m, dict):
-                continue
-            role = m.get("role", m.get("from"))
-            content = m.get("content", m.get("value"))
-            if role is None or content is None:
-                continue
-            out.append({"role": _ROLE_ALIASES.get(str(role), str(role)), "content": str(content)})
-    elif "prompt" in record and ("response" in record or "completion" in record):
-        out = [{"role": "user", "content": str(record["prompt"])},
-               {"role": "assistant", "content": str(record.get("response", record.get("completion")))}]
-        if record.get("system"):
-            out.insert(0, {"role": "system", "content": str(record["system"])})
-    elif "instruction" in record and "output" in record:
-        prompt = str(record["instruction"])
-        if record.get("input"):
-            prompt += "\n\n" + str(record["input"])
-        out = [{"role": "user", "content": prompt}, {"role": "assistant", "content": str(record["output"])}]
-    else:
-        fields = ", ".join(sorted(map(str, record))) or "none"
-        raise DataError(f"record {index}: has none of the supported field sets ({'; '.join(FIELD_SETS)}); "
-                        f"its fields are: {fields}")
-    if not any(m["role"] == "assistant" and m["content"] for m in out):
-        raise DataError(f"record {index}: no non-empty assistant message to learn from")
-    return out
-
-
-def check_records(records: Sequence[dict], spec: str, sample: int = 100) -> None:
-    """Pre-flight: the dataset is not empty and its first records have usable fields."""
+def check_records(records: Sequence[dict], spec: str, sample: int = 100, *, renderer: Renderer | None = None,
+                  text_field: str = "text") -> None:
+    """Pre-flight: not empty, and the first records parse (and render, given the tokenizer's renderer)."""
     if not records:
-        raise DataError(f"dataset {spec!r}: is empty; it needs at least one record with a prompt and a response")
-    for i, r in enumerate(records[:sample]):
-        try:
-            to_messages(r, i)
-        except DataError as e:
-            raise DataError(f"dataset {spec!r}: {e}") from None
-
-
-# ---------------------------------------------------------------- rendering
-
-def render_segments(tokenizer, messages: list[dict]) -> list[tuple[str, bool]]:
-    """Chat-template text cut into (text, is_response) segments.
-
-    Each assistant turn's prompt is the template rendered up to it with the generation
-    prompt, exactly what inference sees; the response is what the next message adds.
-    """
-    segments: list[tuple[str, bool]] = []
-    done = ""
-    for i, m in enumerate(messages):
-        if m["role"] != "assistant":
-            continue
-        prompt = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True) if i else ""
-        full = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)
-        if not prompt.startswith(done) or not full.startswith(prompt):
-            raise DataError("the tokenizer's chat template does not render conversations as growing prefixes, "
-                            "so response tokens cannot be located; use a template without history rewriting")
-        segments += [(prompt[len(done):], False), (full[len(prompt):], True)]
-        done = full
-    return [(t, r) for t, r in segments if t]
+        raise DataError(f"dataset {spec!r}: is empty; it needs at least one record")
+    for ex in examples(records[:sample], spec, text_field):
+        if renderer is not None:
+            renderer.encode(ex)
 
 
 def tokenize_messages(tokenizer, messages: list[dict]) -> tuple[list[int], list[bool]]:
-    ids: list[int] = []
-    mask: list[bool] = []
-    for text, is_response in render_segments(tokenizer, messages):
-        seg = tokenizer(text, add_special_tokens=False)["input_ids"]
-        ids += seg
-        mask += [is_response] * len(seg)
-    return ids, mask
+    """One conversation's token ids and assistant mask (the default masking)."""
+    return Renderer(tokenizer).encode(Example("messages", True, messages=to_example(
+        {"messages": messages}, "messages").messages))
+
+
+def tokenize(records: Iterable[dict], renderer: Renderer, spec: str,
+             text_field: str = "text") -> Iterator[tuple[list[int], list[bool]]]:
+    for ex in examples(records, spec, text_field):
+        yield renderer.encode(ex)
 
 
 # ---------------------------------------------------------------- packing
+
+DROP_EMPTY = "nothing to train on (no assistant or completion tokens)"
+DROP_TRUNCATED = "truncated to --seq-len before its first trained token"
+DROP_SHORT = "shorter than 2 tokens"
+
 
 @dataclass
 class PackStats:
@@ -202,10 +100,19 @@ class PackStats:
     dropped: int
     real_tokens: int
     loss_tokens: int
+    seq_len: int = 0
+    tokens: int = 0          # before truncation, kept or not
+    trained_tokens: int = 0  # before truncation and shifting, kept or not
+    drop_reasons: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def fill(self) -> float:
+        """Share of the packed rows' tokens that are real (not padding)."""
+        return self.real_tokens / (self.rows * self.seq_len) if self.rows and self.seq_len else 0.0
 
 
-def _document(ids: Sequence[int], mask: Sequence[bool], seq_len: int) -> tuple[np.ndarray, np.ndarray, bool] | None:
-    """Token ids and pre-shifted labels of one document, truncated to seq_len; None if it has nothing to learn."""
+def _document(ids: Sequence[int], mask: Sequence[bool], seq_len: int) -> tuple[np.ndarray, np.ndarray, bool] | str:
+    """Token ids and pre-shifted labels of one document, truncated to seq_len; or why it is dropped."""
     ids = np.asarray(ids, np.int32)
     mask = np.asarray(mask, bool)
     truncated = len(ids) > seq_len
@@ -213,8 +120,10 @@ def _document(ids: Sequence[int], mask: Sequence[bool], seq_len: int) -> tuple[n
         ids, mask = ids[:seq_len], mask[:seq_len]
     labels = np.full(len(ids), IGNORE_INDEX, np.int32)
     labels[:-1] = np.where(mask[1:], ids[1:], IGNORE_INDEX)
-    if len(ids) < 2 or not (labels != IGNORE_INDEX).any():
-        return None
+    if len(ids) < 2:
+        return DROP_SHORT
+    if not (labels != IGNORE_INDEX).any():
+        return DROP_TRUNCATED if truncated else DROP_EMPTY
     return ids, labels, truncated
 
 
@@ -252,17 +161,20 @@ def best_fit_rows(lengths: Sequence[int], seq_len: int) -> list[list[int]]:
 
 
 def pack(docs: Iterable[tuple[Sequence[int], Sequence[bool]]], seq_len: int, pad_id: int) -> tuple[dict[str, np.ndarray], PackStats]:
-    """Documents packed into rows of seq_len (best fit); labels shifted and masked to response tokens.
+    """Documents packed into rows of seq_len (best fit); labels shifted and masked to trained tokens.
 
     Each document keeps its own position ids (0, 1, ...), which is what keeps attention
     inside it; the tail of a row is padding (position ids continue 0.., labels -100).
     """
     kept: list[tuple[np.ndarray, np.ndarray]] = []
-    truncated = dropped = 0
+    truncated = tokens = trained = 0
+    reasons: Counter = Counter()
     for ids, mask in docs:
+        tokens += len(ids)
+        trained += int(sum(mask))
         doc = _document(ids, mask, seq_len)
-        if doc is None:
-            dropped += 1
+        if isinstance(doc, str):
+            reasons[doc] += 1
             continue
         kept.append(doc[:2])
         truncated += doc[2]
@@ -280,21 +192,14 @@ def pack(docs: Iterable[tuple[Sequence[int], Sequence[bool]]], seq_len: int, pad
             at += len(ids)
         arrays["position_ids"][r, at:] = np.arange(seq_len - at)
         arrays["real_tokens"][r] = at
-    stats = PackStats(documents=len(kept), rows=len(layout), truncated=truncated, dropped=dropped,
+    stats = PackStats(documents=len(kept), rows=len(layout), truncated=truncated, dropped=sum(reasons.values()),
                       real_tokens=int(arrays["real_tokens"].sum()),
-                      loss_tokens=int((arrays["labels"] != IGNORE_INDEX).sum()))
+                      loss_tokens=int((arrays["labels"] != IGNORE_INDEX).sum()), seq_len=seq_len, tokens=tokens,
+                      trained_tokens=trained, drop_reasons=dict(reasons))
     return arrays, stats
 
 
 # ---------------------------------------------------------------- cache and sharding
-
-def _source_fingerprint(spec: str, split: str, storage_fs: Any) -> dict:
-    if source_kind(spec) == "hub":
-        return {"hub": spec, "split": split}
-    store, name = _storage(spec, storage_fs)
-    info = store.fs.get_file_info(store.path(name))
-    return {"path": store.path(name), "size": info.size, "mtime_ns": info.mtime_ns}
-
 
 def _tokenizer_fingerprint(tokenizer) -> str:
     h = hashlib.sha256()
@@ -304,27 +209,47 @@ def _tokenizer_fingerprint(tokenizer) -> str:
     return h.hexdigest()[:16]
 
 
-def cache_key(spec: str, split: str, tokenizer, seq_len: int, storage_fs: Any = None) -> str:
-    fp = {"v": FORMAT_VERSION, "source": _source_fingerprint(spec, split, storage_fs),
-          "tokenizer": _tokenizer_fingerprint(tokenizer), "seq_len": seq_len}
+def _open(data: DataSpec, storage_fs: Any, cache_dir: str | Path):
+    """The source and its Dataset; a hub dataset's own fingerprint (its revision) keys the cache."""
+    source = sources.resolve(data.dataset, config=data.config, split=data.split, storage_fs=storage_fs,
+                             cache_dir=cache_dir)
+    ds = sources.open_dataset(source, cache_dir=cache_dir)
+    fp = sources.fingerprint(source)
+    if source.kind == "hub":
+        fp["datasets_fingerprint"] = getattr(ds, "_fingerprint", None)
+    return source, ds, fp
+
+
+def cache_key(data: DataSpec, source_fp: dict, tokenizer, seq_len: int) -> str:
+    fp = {"v": FORMAT_VERSION, "source": source_fp, "tokenizer": _tokenizer_fingerprint(tokenizer),
+          "seq_len": seq_len, "text_field": data.text_field, "train_on": data.train_on}
     return hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def build_packed(spec: str, split: str, tokenizer, seq_len: int, folder: Path, storage_fs: Any = None) -> dict:
-    records = load_records(spec, split, storage_fs=storage_fs)
-    check_records(records, spec)
-    docs = (tokenize_messages(tokenizer, to_messages(r, i)) for i, r in enumerate(records))
+def pack_dataset(ds, data: DataSpec, tokenizer, seq_len: int) -> tuple[dict[str, np.ndarray], PackStats]:
+    """Every record tokenized (TRL's masks) and packed; an empty dataset or one with nothing to train fails."""
+    if len(ds) == 0:
+        raise DataError(f"dataset {data.dataset!r}: is empty (split {data.split!r}); it needs at least one record")
+    renderer = Renderer(tokenizer, data.train_on)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    arrays, stats = pack(docs, seq_len, pad_id)
+    arrays, stats = pack(tokenize(ds, renderer, data.dataset, data.text_field), seq_len, pad_id)
     if stats.rows == 0:
-        raise DataError(f"dataset {spec!r}: no record has a response token left after tokenization "
-                        f"(records: {len(records)}, dropped: {stats.dropped})")
+        why = "; ".join(f"{n} {reason}" for reason, n in stats.drop_reasons.items())
+        raise DataError(f"dataset {data.dataset!r}: no record has a trained token left after tokenization "
+                        f"(records: {len(ds)}; dropped: {why})")
+    return arrays, stats
+
+
+def build_packed(data: DataSpec, ds, source_fp: dict, tokenizer, seq_len: int, folder: Path) -> dict:
+    arrays, stats = pack_dataset(ds, data, tokenizer, seq_len)
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for name, arr in arrays.items():
         np.save(tmp / f"{name}.npy", arr)
-    meta = {"source": spec, "split": split, "seq_len": seq_len, "records": len(records), **stats.__dict__}
+    meta = {"source": data.dataset, "split": data.split, "config": data.config, "train_on": data.train_on,
+            "seq_len": seq_len, "records": len(ds), "fill": round(stats.fill, 4), **stats.__dict__,
+            "source_fingerprint": source_fp}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
@@ -367,6 +292,11 @@ class PackedData:
             self._perm = ((seed, epoch), np.random.default_rng([seed, epoch]).permutation(self.num_rows))
         return self._perm[1][index * global_batch:(index + 1) * global_batch]
 
+    def tokens_through(self, steps: int, global_batch: int, seed: int) -> int:
+        """Real (non-padding) tokens of every row the first `steps` steps train on."""
+        real = self.arrays["real_tokens"]
+        return int(sum(int(real[np.sort(self.step_rows(s, global_batch, seed))].sum()) for s in range(steps)))
+
     def micro_batches(self, step: int, *, rank: int, world_size: int, global_batch: int,
                       micro_batch: int, seed: int) -> list[dict]:
         """This rank's micro-batches of a step (contiguous share of the global batch)."""
@@ -383,15 +313,22 @@ class PackedData:
         return out
 
 
-def prepare(spec: str, split: str, tokenizer, seq_len: int, cache_dir: str | Path,
-            storage_fs: Any = None) -> PackedData:
-    """Tokenize and pack once per node (file lock), then memory-map the cached rows."""
+def prepare(data: DataSpec | str, split: str | None = None, tokenizer=None, seq_len: int = 0,
+            cache_dir: str | Path = "", storage_fs: Any = None) -> PackedData:
+    """Tokenize and pack once per node (file lock), then memory-map the cached rows.
+
+    `data` is a DataSpec, or (the short form) a dataset location with its split.
+    """
     from filelock import FileLock
 
-    key = cache_key(spec, split, tokenizer, seq_len, storage_fs)
-    folder = Path(cache_dir) / "data" / key
-    (Path(cache_dir) / "locks").mkdir(parents=True, exist_ok=True)
-    with FileLock(str(Path(cache_dir) / "locks" / f"data-{key}.lock")):
+    if isinstance(data, str):
+        data = DataSpec(data, split or "train")
+    locks = Path(cache_dir) / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    spec_key = hashlib.sha256(json.dumps(data.__dict__, sort_keys=True).encode()).hexdigest()[:16]
+    with FileLock(str(locks / f"data-{spec_key}.lock")):  # one reader per node fetches and tokenizes
+        _, ds, fp = _open(data, storage_fs, cache_dir)
+        folder = Path(cache_dir) / "data" / cache_key(data, fp, tokenizer, seq_len)
         if not (folder / "meta.json").is_file():
-            build_packed(spec, split, tokenizer, seq_len, folder, storage_fs)
+            build_packed(data, ds, fp, tokenizer, seq_len, folder)
     return PackedData(folder)

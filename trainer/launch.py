@@ -9,15 +9,70 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any, Sequence
 
 from trainer.config import ConfigError, TrainConfig, add_arguments, flag, from_args, is_remote
-from trainer.data import DataError, check_records, load_records, source_kind
-from trainer.model import ModelSourceError, check_architecture, read_model_config
+from trainer.data import DataError, check_records, load_records
+from trainer.formats import Renderer
+from trainer.model import ModelSourceError, check_architecture, describe_source, read_model_config
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+                    "tokenizer.model", "added_tokens.json", "chat_template.jinja", "chat_template.json", "config.json")
+
+
+def read_chat_template(spec: str, storage_fs: Any = None) -> str:
+    """The text of --chat-template (a local or s3:// Jinja file); ValueError naming what is wrong."""
+    try:
+        if spec.startswith("s3://"):
+            from trainer.storage import Storage
+
+            parent, _, name = spec.rpartition("/")
+            text = Storage.from_uri(parent, fs=storage_fs).read_text(name)
+        else:
+            text = Path(spec).expanduser().read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{spec}: cannot read it ({type(e).__name__}: {e}); pass a Jinja chat template file") from None
+    if not text.strip():
+        raise ValueError(f"{spec}: the file is empty; pass a Jinja chat template file")
+    return text
+
+
+def preflight_tokenizer(cfg: TrainConfig, storage_fs: Any = None):
+    """The tokenizer the workers will use (only its files are fetched), --chat-template applied."""
+    import tempfile
+
+    from trainer.model import load_tokenizer
+
+    spec = cfg.tokenizer or cfg.model
+    if describe_source(spec) == "s3":
+        from trainer.storage import Storage
+
+        store = Storage.from_uri(spec, fs=storage_fs)
+        folder = Path(tempfile.mkdtemp(prefix="tokenizer-"))
+        for name in _TOKENIZER_FILES:
+            if store.exists(name):
+                (folder / name).write_bytes(store.read_bytes(name))
+        tok = load_tokenizer(folder)
+    elif describe_source(spec) == "hub":
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(spec, cache_dir=str(Path(cfg.resolved_cache_dir) / "hub"))
+        if tok.pad_token_id is None:
+            tok.pad_token = tok.eos_token
+    else:
+        tok = load_tokenizer(Path(spec).expanduser())
+    if cfg.chat_template:
+        tok.chat_template = read_chat_template(cfg.chat_template, storage_fs)
+    return tok
 
 
 def preflight(cfg: TrainConfig, storage_filesystem: Any = None) -> dict:
-    """I/O checks of model, tokenizer and data; raises ConfigError listing every problem."""
+    """I/O checks of model, tokenizer, chat template and data; raises ConfigError listing every problem.
+
+    The first records are rendered with the workers' tokenizer and template, so a record the
+    template cannot render, or a tokenizer without a chat template, fails here, before Ray starts.
+    """
     problems: list[str] = []
     info: dict = {}
     fs_for = lambda uri: storage_filesystem if uri.startswith("s3://") else None  # noqa: E731
@@ -36,16 +91,36 @@ def preflight(cfg: TrainConfig, storage_filesystem: Any = None) -> dict:
             read_model_config(cfg.tokenizer, storage_fs=fs_for(cfg.tokenizer))
         except ModelSourceError as e:
             problems.append(f"{flag('tokenizer')}: {str(e).replace('model ', 'tokenizer ', 1)}")
+    from trainer.metrics import missing_backends
+
+    for name in missing_backends(cfg.reporters):
+        problems.append(f"{flag('report_to')} {name}: the {name} package is not installed where the job runs; "
+                        f"install it (pip install {name}; with `trainer submit`, --pip {name}), or drop it")
+    tokenizer = None
+    if cfg.chat_template:
+        try:
+            read_chat_template(cfg.chat_template, fs_for(cfg.chat_template))
+        except ValueError as e:
+            problems.append(f"{flag('chat_template')} {e}")
+    if not problems:
+        try:
+            tokenizer = preflight_tokenizer(cfg, storage_filesystem)
+        except Exception as e:  # noqa: BLE001 - any failure to load it means the job cannot tokenize
+            which = "tokenizer" if cfg.tokenizer else "model"
+            problems.append(f"{flag(which)}: cannot load its tokenizer ({type(e).__name__}: "
+                            f"{str(e).splitlines()[0] if str(e) else ''})")
     try:
-        hub = source_kind(cfg.dataset) == "hub"
-        records = load_records(cfg.dataset, cfg.dataset_split, storage_fs=fs_for(cfg.dataset),
-                               limit=100 if hub else None)
-        check_records(records, cfg.dataset)
-        info["records"] = len(records) if not hub else None
+        records = load_records(cfg.dataset, cfg.dataset_split, config=cfg.dataset_config,
+                               storage_fs=fs_for(cfg.dataset), limit=100, cache_dir=cfg.resolved_cache_dir)
+        renderer = Renderer(tokenizer, cfg.train_on) if tokenizer is not None else None
+        check_records(records, cfg.dataset, renderer=renderer, text_field=cfg.dataset_text_field)
+        info["sampled_records"] = len(records)
     except DataError as e:
-        problems.append(f"{flag('dataset')}: {e}")
+        where = flag("chat_template") if "no chat template" in str(e) else flag("dataset")
+        problems.append(f"{where}: {e}")
     if problems:
         raise ConfigError(problems)
+    info["tokenizer"] = tokenizer
     return info
 
 
@@ -54,14 +129,18 @@ def build_trainer(cfg: TrainConfig, storage_filesystem: Any = None, *, quiet: bo
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    from trainer.loop import train_func
+    from trainer.loop import CHAT_TEMPLATE_KEY, train_func
 
     storage_path = cfg.storage_path
     if storage_filesystem is not None and "://" in storage_path:
         storage_path = storage_path.split("://", 1)[1]
+    loop_config = cfg.to_dict()
+    if cfg.chat_template:  # read here, by the driver: the workers may be on nodes without the file
+        fs = storage_filesystem if cfg.chat_template.startswith("s3://") else None
+        loop_config[CHAT_TEMPLATE_KEY] = read_chat_template(cfg.chat_template, fs)
     return TorchTrainer(
         train_func,
-        train_loop_config=cfg.to_dict(),
+        train_loop_config=loop_config,
         scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu),
         run_config=RunConfig(
             name=cfg.resolved_run_name,

@@ -1,91 +1,125 @@
 """`python -m trainer local`: the first thing a new user runs.
 
-Starts a local Ray cluster on CPU, fine-tunes a tiny random-init Qwen2 model on a
-generated instruction task (reverse / sort / upper-case a word) with the same trainer
-that runs on the GPU cluster, measures held-out exact match before and after, exports
-the model and prints where everything is.
+Starts its own local Ray cluster on CPU (never an existing one, unless --address asks),
+fine-tunes a tiny random-init Qwen2 model on a generated instruction task (reverse / sort /
+upper-case a word) with the same trainer that runs on the GPU cluster, measures held-out
+exact match before and after, exports the model and prints where everything is.
+
+It takes the same training flags as `train` and `submit` (--model, --dataset, --config,
+--num-workers, ...), with the demo's defaults: without --model / --dataset it builds the
+tiny model and the generated data in the run folder.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from trainer import demo
-from trainer.config import ConfigError, TrainConfig, micro_batch_value, split_out, validate
+from trainer.config import ConfigError, TrainConfig, add_arguments, from_args, split_out, validate
 
-DEFAULTS = dict(workers=2, steps=400, seed=0, global_batch_size=32, log_every=20, checkpoint_every=200,
-                max_failures=1, lr=3e-3, seq_len=128)
+DEFAULTS = dict(num_workers=2, steps=400, seed=0, global_batch_size=32, log_every=20, checkpoint_every=200,
+                max_failures=1, lr=3e-3, seq_len=128, min_lr_ratio=0.1, schedule="cosine", device="cpu")
+DEMO_MODEL, DEMO_DATA = "init-model", "data"
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m trainer local",
-                                description="Fine-tune a tiny Qwen2 model on a local CPU Ray cluster.")
-    p.add_argument("--workers", type=int, default=DEFAULTS["workers"], help="training workers (CPU processes)")
-    p.add_argument("--steps", type=int, default=DEFAULTS["steps"], help="optimizer steps")
-    p.add_argument("--seed", type=int, default=DEFAULTS["seed"], help="seed for data, init and order")
-    p.add_argument("--global-batch-size", type=int, default=DEFAULTS["global_batch_size"],
-                   help="packed sequences per step, whatever the number of workers")
-    p.add_argument("--micro-batch-size", type=micro_batch_value, default=None,
-                   help="sequences per forward pass: a positive integer, or auto for the largest that fits in "
-                        "memory (default: each worker's share per step, at most 16)")
-    p.add_argument("--seq-len", type=int, default=DEFAULTS["seq_len"], help="packed sequence length")
-    p.add_argument("--lr", type=float, default=DEFAULTS["lr"], help="peak learning rate")
-    p.add_argument("--log-every", type=int, default=DEFAULTS["log_every"], help="log metrics every N steps")
-    p.add_argument("--checkpoint-every", type=int, default=DEFAULTS["checkpoint_every"],
-                   help="save a checkpoint every N steps")
-    p.add_argument("--max-failures", type=int, default=DEFAULTS["max_failures"],
-                   help="restarts from the last checkpoint Ray Train attempts")
-    p.add_argument("--out", default=None, help="run folder (default: runs/demo-<time>); metrics, checkpoints, model")
+                                description="Fine-tune on a local CPU Ray cluster: by default the demo's tiny "
+                                            "Qwen2 model on a generated task. Takes the training flags of "
+                                            "`train` and `submit`.")
+    add_arguments(p, {**DEFAULTS, "model": "the demo's tiny Qwen2 (built in the run folder)",
+                      "dataset": "the demo's generated task", "micro_batch_size": "the worker's share, at most 16",
+                      "warmup_steps": "a tenth of --steps, at most 40", "out": "runs/demo-<time>"})
+    p.add_argument("--workers", dest="num_workers", type=int, default=argparse.SUPPRESS,
+                   help=argparse.SUPPRESS)  # the flag's earlier name
     p.add_argument("--address", default=None,
-                   help="connect to this Ray cluster instead of starting a local one (e.g. 127.0.0.1:6379)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+                   help="connect to this Ray cluster instead of starting a local one (e.g. 127.0.0.1:6379); "
+                        "RAY_ADDRESS and a running cluster are ignored without it")
     return p
 
 
-def _micro_batch(global_batch: int, workers: int, requested: int | str | None) -> int | str:
+def _micro_batch(global_batch: int, workers: int) -> int:
     """The demo's default needs no memory estimate: the tiny model fits any share, 16 rows at most."""
-    if requested is not None:
-        return requested
     per_rank = max(1, global_batch // max(1, workers))
     return max(d for d in range(1, min(16, per_rank) + 1) if per_rank % d == 0)
 
 
 def make_config(args: argparse.Namespace, out: Path) -> TrainConfig:
-    cfg = TrainConfig(
-        model=str(out / "init-model"),
-        dataset=str(out / "data" / "train.jsonl"),
-        seq_len=args.seq_len,
-        global_batch_size=args.global_batch_size,
-        micro_batch_size=_micro_batch(args.global_batch_size, args.workers, args.micro_batch_size),
-        steps=args.steps,
-        lr=args.lr,
-        min_lr_ratio=0.1,
-        warmup_steps=min(40, max(0, args.steps // 10)),
-        schedule="cosine",
-        seed=args.seed,
-        log_every=args.log_every,
-        checkpoint_every=args.checkpoint_every,
-        max_failures=args.max_failures,
-        num_workers=args.workers,
-        device="cpu",
-        progress=not args.no_progress,
-        **split_out(str(out)),
-    )
+    """Flags > YAML > the demo's defaults; the demo's model and data in `out` unless --model / --dataset."""
+    given = dict(vars(args))
+    given.pop("address", None)
+    given.pop("out", None)
+    yaml_keys: set[str] = set()
+    if given.get("config"):
+        from trainer.config import load_yaml
+
+        yaml_keys = {str(k).replace("-", "_") for k in load_yaml(given["config"])}
+    explicit = set(given) | yaml_keys
+    defaults = {**DEFAULTS, "model": str(out / DEMO_MODEL), "dataset": str(out / DEMO_DATA / "train.jsonl"),
+                **split_out(str(out))}
+    cfg = from_args(argparse.Namespace(**given), defaults)
+    changes = {}
+    if not explicit & {"micro_batch_size", "per_device_train_batch_size", "gradient_accumulation_steps"}:
+        changes["micro_batch_size"] = _micro_batch(cfg.global_batch_size, cfg.num_workers)
+    if not explicit & {"warmup_steps", "warmup_ratio"} and cfg.steps:
+        changes["warmup_steps"] = min(40, max(0, cfg.steps // 10))
+    if cfg.device != "cpu":
+        raise ConfigError([f"--device {cfg.device}: `trainer local` trains on this machine's CPUs; use `trainer "
+                           f"train` or `trainer submit` for GPUs"])
+    cfg = dataclasses.replace(cfg, **changes)
     validate(cfg)
     return cfg
 
 
-def prepare_assets(out: Path, seed: int) -> tuple[Path, list[dict]]:
+def run_folder(args: argparse.Namespace) -> Path:
+    """--out, else --storage-path / --run-name, else runs/demo-<time>: the demo's files go there too."""
+    out = getattr(args, "out", None)
+    if out is None:
+        out = Path(getattr(args, "storage_path", "runs")) / (getattr(args, "run_name", None)
+                                                            or time.strftime("demo-%Y%m%d-%H%M%S"))
+    return Path(out).expanduser().absolute()
+
+
+def uses_demo_data(cfg: TrainConfig, out: Path) -> bool:
+    return cfg.dataset == str(out / DEMO_DATA / "train.jsonl")
+
+
+def prepare_assets(out: Path, seed: int, *, model: bool = True, data: bool = True) -> tuple[Path, list[dict]]:
     """Tiny random-init model and the generated train / held-out data, written into the run folder."""
-    train_rows, eval_rows = demo.make_dataset(seed=seed)
-    demo.write_jsonl(train_rows, out / "data" / "train.jsonl")
-    demo.write_jsonl(eval_rows, out / "data" / "heldout.jsonl")
-    return demo.write_init_model(out / "init-model", seed=seed), eval_rows
+    eval_rows: list[dict] = []
+    if data:
+        train_rows, eval_rows = demo.make_dataset(seed=seed)
+        demo.write_jsonl(train_rows, out / DEMO_DATA / "train.jsonl")
+        demo.write_jsonl(eval_rows, out / DEMO_DATA / "heldout.jsonl")
+    return (demo.write_init_model(out / DEMO_MODEL, seed=seed) if model else out / DEMO_MODEL), eval_rows
+
+
+@contextlib.contextmanager
+def own_cluster(num_cpus: int) -> Iterator:
+    """A new local Ray cluster, whatever else runs here: `address="local"` never joins one, and
+    RAY_ADDRESS (read by Ray's own helpers too) is hidden while it runs."""
+    import ray
+
+    saved = os.environ.pop("RAY_ADDRESS", None)
+    # One CPU node cannot be preempted: Ray Train's preemption watcher would only print an
+    # internal error-level line (its actor's restart policy) into the demo's output.
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
+    # Ray gives each dashboard module 30 s to start; a busy laptop or CI machine can need more.
+    os.environ.setdefault("RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT", "180")
+    try:
+        # The dashboard serves the State API that Ray Train's placement-group cleaner polls.
+        yield ray.init(address="local", num_cpus=num_cpus, include_dashboard=True, logging_level="WARNING")
+    finally:
+        ray.shutdown()
+        if saved is not None:
+            os.environ["RAY_ADDRESS"] = saved
 
 
 def _evaluate(path: Path, rows: list[dict]) -> float:
@@ -124,70 +158,84 @@ def _quiet_libraries() -> None:
 def main(argv: Sequence[str]) -> int:
     args = _parser().parse_args(list(argv))
     t_start = time.perf_counter()
-    out = Path(args.out or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")).expanduser().absolute()
+    out = run_folder(args)
     try:
-        make_config(args, out)  # validate the flags before writing anything
+        cfg = make_config(args, out)  # validate the flags before writing anything
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
     _quiet_libraries()
-    print(f"[1/5] preparing the tiny Qwen2 model and the instruction data in {out}", flush=True)
-    init_model, eval_rows = prepare_assets(out, args.seed)
-    cfg = make_config(args, out)
+    demo_model, demo_data = cfg.model == str(out / DEMO_MODEL), uses_demo_data(cfg, out)
+    what = " and ".join(w for w, on in (("the tiny Qwen2 model", demo_model), ("the instruction data", demo_data)) if on)
+    print(f"[1/5] preparing {what or 'the run'} in {out}", flush=True)
+    init_model, eval_rows = prepare_assets(out, cfg.seed, model=demo_model, data=demo_data)
 
     from trainer.launch import preflight, train
 
-    preflight(cfg)
-    before = _evaluate(init_model, eval_rows)
-    print(f"[2/5] held-out exact match before training: {before:.1%} ({len(eval_rows)} examples)", flush=True)
+    try:
+        preflight(cfg)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    before = _evaluate(init_model, eval_rows) if eval_rows else None
+    if before is not None:
+        print(f"[2/5] held-out exact match before training: {before:.1%} ({len(eval_rows)} examples)", flush=True)
+    else:
+        print("[2/5] no held-out set (not the demo's data): skipping exact match", flush=True)
 
     import ray
 
-    if args.address:
-        ctx = ray.init(address=args.address, logging_level="WARNING")
-        where = f"the Ray cluster at {args.address}"
-    else:
-        # One CPU node cannot be preempted: Ray Train's preemption watcher would only print an
-        # internal error-level line (its actor's restart policy) into the demo's output.
-        os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
-        # The dashboard serves the State API that Ray Train's placement-group cleaner polls.
-        ctx = ray.init(num_cpus=max(2, args.workers), include_dashboard=True, logging_level="WARNING")
-        where = "a local Ray cluster"
-    dashboard = f"http://{ctx.dashboard_url}" if getattr(ctx, "dashboard_url", None) else "n/a"
-    print(f"[3/5] training on {where} (dashboard {dashboard}): {cfg.num_workers} CPU workers (gloo), "
-          f"{cfg.steps} steps, global batch {cfg.global_batch_size} x {cfg.seq_len} tokens", flush=True)
-    t_train = time.perf_counter()
-    try:
-        result = train(cfg, check=False, quiet=True)
-    except Exception as e:  # noqa: BLE001 - Ray raises the workers' error from fit()
-        print(f"error: training failed: {e}", file=sys.stderr)
-        return 1
-    finally:
-        ray.shutdown()  # frees the CPUs for the evaluation; a local cluster stops here
-    train_s = time.perf_counter() - t_train
+    with contextlib.ExitStack() as stack:
+        if args.address:
+            ctx = ray.init(address=args.address, logging_level="WARNING")
+            stack.callback(ray.shutdown)
+            where = f"the Ray cluster at {args.address}"
+        else:
+            ctx = stack.enter_context(own_cluster(max(2, cfg.num_workers)))
+            where = "a local Ray cluster of its own"
+        dashboard = f"http://{ctx.dashboard_url}" if getattr(ctx, "dashboard_url", None) else "n/a"
+        print(f"[3/5] training on {where} (dashboard {dashboard}): {cfg.num_workers} CPU workers (gloo), "
+              f"{cfg.steps or f'{cfg.epochs or 1} epoch(s) of'} steps, global batch {cfg.global_batch_size} x "
+              f"{cfg.seq_len} tokens", flush=True)
+        t_train = time.perf_counter()
+        try:
+            result = train(cfg, check=False, quiet=True)
+        except Exception as e:  # noqa: BLE001 - Ray raises the workers' error from fit()
+            print(f"error: training failed: {e}", file=sys.stderr)
+            return 1
+    train_s = time.perf_counter() - t_train  # the cluster is down again: the CPUs are free for the evaluation
     if result.error:
         print(f"error: training failed: {result.error}", file=sys.stderr)
         return 1
 
-    model_dir = out / "model"
-    after = _evaluate(model_dir, eval_rows)
-    print(f"[4/5] held-out exact match after training: {after:.1%}", flush=True)
+    model_dir = Path(cfg.run_uri) / "model"
+    after = _evaluate(model_dir, eval_rows) if eval_rows and cfg.export else None
+    if after is not None:
+        print(f"[4/5] held-out exact match after training: {after:.1%}", flush=True)
+    else:
+        print("[4/5] trained", flush=True)
     from trainer.metrics import read_metrics
 
-    metrics = read_metrics(out / "metrics.jsonl")
-    checkpoints = sorted(p.name for p in out.glob("checkpoint_0*") if p.is_dir())
+    run = Path(cfg.run_uri)
+    metrics = read_metrics(run / "metrics.jsonl")
+    checkpoints = sorted(p.name for p in run.glob("checkpoint_0*") if p.is_dir())
     print("[5/5] done in {:.0f} s (training job {:.0f} s)".format(time.perf_counter() - t_start, train_s))
-    for prompt, want, got in _samples(model_dir, eval_rows):
-        print(f"      {prompt!r:>24} -> {got!r} (expected {want!r})")
-    print(f"""
-  exact match   {before:.1%} -> {after:.1%} on {len(eval_rows)} held-out prompts
-  loss          {metrics[0]['loss']:.3f} (step {metrics[0]['step']}) -> {metrics[-1]['loss']:.3f} (step {metrics[-1]['step']})
-  throughput    {metrics[-1]['tokens_per_s']:.0f} tokens/s
-  run folder    {out}
-  metrics       {out / 'metrics.jsonl'}
-  tensorboard   tensorboard --logdir {out / 'tensorboard'}
-  checkpoints   {', '.join(checkpoints) or 'none'}
-  model         {model_dir}   (AutoModelForCausalLM.from_pretrained)
-  data          {out / 'data'}""")
+    if after is not None:
+        for prompt, want, got in _samples(model_dir, eval_rows):
+            print(f"      {prompt!r:>24} -> {got!r} (expected {want!r})")
+    lines = [f"  exact match   {before:.1%} -> {after:.1%} on {len(eval_rows)} held-out prompts"] if after is not None \
+        else []
+    lines += [
+        f"  loss          {metrics[0]['loss']:.3f} (step {metrics[0]['step']}) -> {metrics[-1]['loss']:.3f} "
+        f"(step {metrics[-1]['step']})",
+        f"  throughput    {metrics[-1]['tokens_per_s']:.0f} tokens/s",
+        f"  run folder    {run}",
+        f"  metrics       {run / 'metrics.jsonl'}",
+        f"  tensorboard   tensorboard --logdir {run / 'tensorboard'}" if "tensorboard" in cfg.reporters else "",
+        f"  checkpoints   {', '.join(checkpoints) or 'none'}",
+        f"  model         {model_dir}   (AutoModelForCausalLM.from_pretrained)" if cfg.export else "",
+        f"  data          {cfg.dataset}",
+    ]
+    print("\n" + "\n".join(line for line in lines if line))
     return 0

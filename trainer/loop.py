@@ -22,9 +22,11 @@ import torch.distributed as dist
 
 from trainer import checkpoint as ckpt
 from trainer import flops as flops_lib
+from trainer import record as run_record
 from trainer.config import TrainConfig, total_steps
-from trainer.data import PackedData, prepare
-from trainer.metrics import EVENTS_FILE, METRICS_FILE, TENSORBOARD_DIR, IntervalTracker, MetricsWriter
+from trainer.data import DataSpec, PackedData, prepare
+from trainer.metrics import (EVENTS_FILE, METRICS_FILE, MLFLOW_DIR, TENSORBOARD_DIR, IntervalTracker, MetricsWriter,
+                             RayReportBudget)
 from trainer.model import (build_model, build_optimizer, build_scheduler, enable_activation_checkpointing,
                            load_tokenizer, resolve_model_path)
 from trainer.step import StepHealth, TrainingDiverged, check_loss_path, choose_micro_batch, resolve_loss, train_step
@@ -32,6 +34,7 @@ from trainer.storage import Storage
 
 log = logging.getLogger("trainer")
 
+CHAT_TEMPLATE_KEY = "chat_template_text"  # train_loop_config key: --chat-template's text, read by the driver
 LOSS = "auto"  # train_step's loss, also the one the micro-batch probe runs (they must use the same memory)
 
 
@@ -120,12 +123,13 @@ def transport_check(cfg: TrainConfig, env: WorkerEnv) -> None:
 def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
         latest_checkpoint: str | None = None,
         reporter: Callable[[dict, str | None], None] | None = None,
-        preemption: Callable[[], Any] | None = None) -> dict:
+        preemption: Callable[[], Any] | None = None, chat_template: str | None = None) -> dict:
     """Train to the configured number of steps; returns the last logged metrics.
 
     `preemption` (ray.train.get_preemption_info under Ray) is asked at every logging step,
     on every rank (it is a barrier); once it reports a node about to be reclaimed, a
-    checkpoint is saved right away, so the restart loses at most those steps.
+    checkpoint is saved right away, so the restart loses at most those steps. `chat_template`
+    (the text of --chat-template, read by the driver) replaces the tokenizer's.
     """
     rank0 = env.rank == 0
     cache_dir = cfg.resolved_cache_dir
@@ -137,8 +141,10 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
     model_path = resolve_model_path(cfg.model, cache_dir, storage_fs=remote_fs)
     tokenizer = load_tokenizer(resolve_model_path(cfg.tokenizer, cache_dir, storage_fs=remote_fs)
                                if cfg.tokenizer else model_path)
-    data: PackedData = prepare(cfg.dataset, cfg.dataset_split, tokenizer, cfg.seq_len, cache_dir,
-                               storage_fs=remote_fs)
+    if chat_template:
+        tokenizer.chat_template = chat_template
+    data: PackedData = prepare(DataSpec.from_config(cfg), tokenizer=tokenizer, seq_len=cfg.seq_len,
+                               cache_dir=cache_dir, storage_fs=remote_fs)
     steps = total_steps(cfg, data.steps_per_epoch(cfg.global_batch_size))
     data.step_rows(0, cfg.global_batch_size, cfg.seed)  # fails early if the data is smaller than one batch
 
@@ -147,7 +153,7 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
                         activation_checkpointing=cfg.activation_checkpointing, seed=cfg.seed)
     check_loss_path(model, resolve_loss(LOSS, env.device), env.device)  # before the micro-batch probe measures it
     optimizer = build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=cfg.use_gpu)
-    scheduler = build_scheduler(optimizer, warmup=cfg.warmup_steps, total=steps,
+    scheduler = build_scheduler(optimizer, warmup=cfg.warmup_for(steps), total=steps,
                                 schedule=cfg.schedule, min_ratio=cfg.min_lr_ratio)
     fit = resolve_micro_batch(cfg, model, optimizer, env)  # before resume: the optimizer holds no state yet
     micro = fit["micro_batch_size"]
@@ -169,12 +175,17 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
     # Inside Ray Train the logger reaches the driver once; a print would arrive twice (Ray's print patch).
     emit = log.info if log.isEnabledFor(logging.INFO) and log.hasHandlers() else None
     writer = MetricsWriter(metrics_dir, enabled=rank0, start_step=start, total_steps=steps,
-                           progress=cfg.progress, emit=emit)
+                           progress=cfg.progress, emit=emit, reporters=cfg.reporters,
+                           run_name=cfg.resolved_run_name, config=cfg.to_dict())
+    ray_budget = RayReportBudget()
     fpt = flops_lib.flops_per_token(model.config, cfg.seq_len)
     tracker = IntervalTracker(env.device, fpt, flops_lib.device_peak_flops(cfg.peak_tflops), env.world_size)
     writer.event("resume" if resume_from else "start", step=start, world_size=env.world_size,
                  checkpoint=storage.path(resume_from) if resume_from else None, total_steps=steps,
                  micro_batch_size=micro, grad_accum_steps=cfg.grad_accum_for(micro), micro_batch=fit)
+    record = run_record.write_run_record(storage, cfg, device=env.device, rank=env.rank, world_size=env.world_size,
+                                         data_meta=data.meta, data_key=data.fingerprint, start_step=start,
+                                         total_steps=steps)
     if rank0:
         log.info("training %s for %d steps (start %d): %d workers x %d micro-batches x %d sequences of %d tokens",
                  cfg.model, steps, start, env.world_size, cfg.grad_accum_for(micro), micro, cfg.seq_len)
@@ -203,8 +214,12 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
         if step == start or log_now or save_now:  # never log, save or export an unhealthy model
             _check_health(health, writer, storage, metrics_dir, rank0, done)
         if log_now:
-            last = {**tracker.summarize(done), "epoch": data.position(done, cfg.global_batch_size)["epoch"]}
+            last = {**tracker.summarize(done, vote=rank0 and ray_budget.wanted()),
+                    "epoch": data.position(done, cfg.global_batch_size)["epoch"]}
             writer.log(last)
+            if reporter and tracker.vote and not save_now:  # a barrier: only when rank 0 found it cheap
+                ray_budget.timed(lambda: reporter(last, None))
+                tracker.exclude(ray_budget.cost)
         if log_now and preemption and not (save_now or saved_for_preemption):
             notice = preemption()
             if notice is not None:
@@ -222,12 +237,14 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
             writer.event("checkpoint", step=done, path=path)
             if rank0 and not storage.is_local:
                 _upload_metrics(storage, metrics_dir)
-            if reporter:  # ray.train.report is a barrier: only here, never every step
-                reporter({**last, "checkpoint_step": done}, path)
+            if reporter:  # ray.train.report is a barrier: with checkpoints, and at logging steps where cheap
+                ray_budget.timed(lambda: reporter({**last, "checkpoint_step": done}, path))
             tracker.exclude(time.perf_counter() - t_save)
 
     if cfg.export:
-        exported = ckpt.export_hf(storage, model, tokenizer, source=model_path)
+        card = run_record.model_card(record, last, steps, data.tokens_through(steps, cfg.global_batch_size, cfg.seed)) \
+            if rank0 else None
+        exported = ckpt.export_hf(storage, model, tokenizer, source=model_path, card=card)
         writer.event("export", step=steps, path=exported)
     writer.close()
     if rank0 and not storage.is_local:
@@ -334,8 +351,9 @@ def _upload_metrics(storage: Storage, folder: Path) -> None:
     for name in (METRICS_FILE, EVENTS_FILE):
         if (folder / name).is_file():
             storage.upload_file(folder / name, name)
-    if (folder / TENSORBOARD_DIR).is_dir():
-        storage.upload_dir(folder / TENSORBOARD_DIR, TENSORBOARD_DIR)
+    for name in (TENSORBOARD_DIR, MLFLOW_DIR):
+        if (folder / name).is_dir():
+            storage.upload_dir(folder / name, name)
 
 
 def _quiet_ray_reports() -> None:
@@ -357,6 +375,8 @@ def train_func(config: dict) -> None:
     if os.environ.get("TRAINER_QUIET_RAY") == "1":
         _quiet_ray_reports()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    config = dict(config)
+    chat_template = config.pop(CHAT_TEMPLATE_KEY, None)
     cfg = TrainConfig.from_dict(config)
     ctx = ray.train.get_context()
     device = None
@@ -373,6 +393,6 @@ def train_func(config: dict) -> None:
         ckpt.report_to_ray(metrics, checkpoint_path, storage)
 
     run(cfg, env, storage, latest_checkpoint=latest.path if latest else None, reporter=reporter,
-        preemption=ray.train.get_preemption_info)
+        preemption=ray.train.get_preemption_info, chat_template=chat_template)
     if dist.is_initialized():
         dist.barrier()

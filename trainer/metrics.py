@@ -1,18 +1,26 @@
-"""Training metrics: interval accounting on every rank, files and a progress bar on rank 0.
+"""Training metrics: interval accounting on every rank; files, backends and a progress bar on rank 0.
 
 Nothing here synchronises the device or the ranks on ordinary steps: losses stay on the
-device and are summed there; the one all-reduce (real tokens of all ranks) and the one
-host sync (.item()) happen at logging steps only.
+device and are summed there; the one all-reduce (real tokens of all ranks, plus rank 0's
+vote on reporting to Ray) and the one host sync (.item()) happen at logging steps only.
+
+Backends (--report-to): tensorboard (default), wandb and mlflow through their own clients,
+optional installs; metrics.jsonl is always written. wandb reads WANDB_PROJECT, WANDB_MODE
+(offline), WANDB_API_KEY; mlflow reads MLFLOW_TRACKING_URI (default: mlruns/ in the run
+folder) and MLFLOW_EXPERIMENT_NAME. A resumed run continues the same wandb/mlflow run.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import re
 import resource
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -22,6 +30,9 @@ from trainer import flops as flops_lib
 METRICS_FILE = "metrics.jsonl"
 EVENTS_FILE = "events.jsonl"
 TENSORBOARD_DIR = "tensorboard"
+MLFLOW_DIR = "mlruns"
+BACKEND_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+DEFAULT_PROJECT = "raytrain"
 
 
 class IntervalTracker:
@@ -33,6 +44,7 @@ class IntervalTracker:
         self.peak_flops = peak_flops
         self.world_size = world_size
         self.total_tokens = 0
+        self.vote = False
         self._reset()
 
     def _reset(self) -> None:
@@ -57,13 +69,15 @@ class IntervalTracker:
         self.grad_norm = out.grad_norm
         self.lr = out.lr
 
-    def summarize(self, step: int) -> dict[str, Any]:
-        tokens = torch.tensor([float(self.tokens)], device=self.device)
+    def summarize(self, step: int, vote: bool = False) -> dict[str, Any]:
+        """The interval's metrics; `vote` (rank 0's) comes back to every rank as self.vote, in the same all-reduce."""
+        tokens = torch.tensor([float(self.tokens), float(vote)], device=self.device)
         if dist.is_available() and dist.is_initialized() and self.world_size > 1:
             dist.all_reduce(tokens)
+        self.vote = bool(tokens[1].item() > 0)
         loss = (self.loss_sum / max(1, self.steps)).item()
         elapsed = time.perf_counter() - self.t0 - self.excluded
-        global_tokens = int(tokens.item())
+        global_tokens = int(tokens[0].item())
         self.total_tokens += global_tokens
         tps = global_tokens / elapsed if elapsed > 0 else 0.0
         mfu = flops_lib.mfu(tps, self.flops_per_token, self.peak_flops, self.world_size)
@@ -124,23 +138,119 @@ def _clock(seconds: float) -> str:
     return f"{m}:{s:02d}"
 
 
+class RayReportBudget:
+    """When reporting metrics to Ray is cheap: its cost (a barrier, ~2 s) under `share` of the time since."""
+
+    def __init__(self, share: float = 0.05):
+        self.share = share
+        self.cost: float | None = None
+        self.since = time.perf_counter()
+
+    def wanted(self) -> bool:
+        return self.cost is None or self.cost <= self.share * (time.perf_counter() - self.since)
+
+    def timed(self, report: Callable[[], Any]) -> None:
+        t0 = time.perf_counter()
+        report()
+        self.since = time.perf_counter()
+        self.cost = self.since - t0
+
+
+def missing_backends(names: Sequence[str]) -> list[str]:
+    """The --report-to backends whose package is not installed here."""
+    return [n for n in names if n in BACKEND_PACKAGES and importlib.util.find_spec(BACKEND_PACKAGES[n]) is None]
+
+
+def _scalars(metrics: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in metrics.items()
+            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+class TensorBoardBackend:
+    def __init__(self, folder: Path, start_step: int, **_):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.tb = SummaryWriter(str(folder / TENSORBOARD_DIR), purge_step=start_step + 1 if start_step else None)
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        for key, value in _scalars(metrics).items():
+            self.tb.add_scalar(f"train/{key}", value, step)
+        self.tb.flush()
+
+    def close(self) -> None:
+        self.tb.close()
+
+
+class WandbBackend:
+    """One wandb run per run name (its id), resumed by a resubmitted run."""
+
+    def __init__(self, folder: Path, start_step: int, run_name: str, config: dict, **_):
+        import wandb
+
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", DEFAULT_PROJECT), name=run_name,
+                              id=re.sub(r"[^A-Za-z0-9_-]", "-", run_name)[:64], resume="allow", config=config,
+                              dir=str(folder))
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        self.run.log({f"train/{k}": v for k, v in _scalars(metrics).items()}, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class MlflowBackend:
+    """One MLflow run per run name in MLFLOW_EXPERIMENT_NAME, found again by its name when resumed."""
+
+    def __init__(self, folder: Path, start_step: int, run_name: str, config: dict, **_):
+        from mlflow import MlflowClient
+        from mlflow.entities import Param
+
+        uri = os.environ.get("MLFLOW_TRACKING_URI")
+        if not uri:  # a file store in the run folder (MLflow keeps it, in maintenance mode, behind this switch)
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            uri = (folder / MLFLOW_DIR).absolute().as_uri()
+        self.client = MlflowClient(tracking_uri=uri)
+        name = os.environ.get("MLFLOW_EXPERIMENT_NAME", DEFAULT_PROJECT)
+        experiment = self.client.get_experiment_by_name(name)
+        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(name)
+        found = self.client.search_runs([experiment_id], filter_string=f"tags.`mlflow.runName` = '{run_name}'",
+                                        max_results=1)
+        if found:
+            self.run_id = found[0].info.run_id
+        else:
+            self.run_id = self.client.create_run(experiment_id, run_name=run_name).info.run_id
+            self.client.log_batch(self.run_id, params=[Param(k, str(v)[:6000]) for k, v in config.items()])
+
+    def log(self, metrics: dict[str, Any], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in _scalars(metrics).items()])
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)
+
+
+BACKENDS = {"tensorboard": TensorBoardBackend, "wandb": WandbBackend, "mlflow": MlflowBackend}
+
+
 class MetricsWriter:
-    """metrics.jsonl, TensorBoard events and the progress bar; a no-op except on rank 0."""
+    """metrics.jsonl, the --report-to backends and the progress bar; a no-op except on rank 0."""
 
     def __init__(self, folder: str | Path, *, enabled: bool, start_step: int, total_steps: int, progress: bool,
-                 emit: Callable[[str], Any] | None = None):
+                 emit: Callable[[str], Any] | None = None, reporters: Sequence[str] = ("tensorboard",),
+                 run_name: str = "run", config: dict | None = None):
         self.enabled = enabled
         self.folder = Path(folder)
         self.bar = None
-        self.tb = None
+        self.backends: list = []
         if not enabled:
             return
         self.folder.mkdir(parents=True, exist_ok=True)
         self.path = self.folder / METRICS_FILE
         _truncate_after(self.path, start_step)
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.tb = SummaryWriter(str(self.folder / TENSORBOARD_DIR), purge_step=start_step + 1 if start_step else None)
+        for name in reporters:
+            self.backends.append(BACKENDS[name](self.folder, start_step, run_name=run_name, config=config or {}))
         if progress:
             self.bar = ProgressBar(total_steps, start_step, emit=emit)
 
@@ -149,13 +259,10 @@ class MetricsWriter:
             return
         with self.path.open("a") as f:
             f.write(json.dumps(metrics) + "\n")
-        step = metrics["step"]
-        for key, value in metrics.items():
-            if key != "step" and isinstance(value, (int, float)) and value is not None:
-                self.tb.add_scalar(f"train/{key}", value, step)
-        self.tb.flush()
+        for backend in self.backends:
+            backend.log(metrics, metrics["step"])
         if self.bar is not None:
-            self.bar.show(step, metrics)
+            self.bar.show(metrics["step"], metrics)
 
     def event(self, kind: str, **fields: Any) -> None:
         """Run lifecycle (start, resume, checkpoint, export) for humans and tests; one JSON per line."""
@@ -165,8 +272,9 @@ class MetricsWriter:
             f.write(json.dumps({"event": kind, "time": round(time.time(), 3), **fields}) + "\n")
 
     def close(self) -> None:
-        if self.tb is not None:
-            self.tb.close()
+        for backend in self.backends:
+            backend.close()
+        self.backends = []
 
 
 def _truncate_after(path: Path, step: int) -> None:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from dataclasses import fields as dataclass_fields
 from dataclasses import replace as dataclass_replace
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 DASHBOARD_PORT = 8265
@@ -243,19 +243,36 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
 
 
 JOB_CONFIG = "job.yaml"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+_HAS_TRAINER_DEPS = "import importlib.util as u, sys; sys.exit(not (u.find_spec('ray') and u.find_spec('torch')))"
 
 
-def submit(client, *, cfg, pip: list[str], env: dict[str, str], cluster_storage: bool = False) -> str:
+def entrypoint(argv: list[str]) -> str:
+    """The job's shell command: `python ARGV` with the first interpreter on the head that has ray and torch.
+
+    A bare `python` is the DLC's on the cluster, but on a `ray start` from a virtualenv that was
+    never activated it is the system one; this submitter's own interpreter is tried last.
+    """
+    candidates = " ".join(shlex.quote(c) for c in ("python", "python3", sys.executable))
+    return (f"for py in {candidates}; do if command -v \"$py\" >/dev/null 2>&1 && "
+            f"\"$py\" -c {shlex.quote(_HAS_TRAINER_DEPS)} 2>/dev/null; then exec \"$py\" {shlex.join(argv)}; fi; "
+            f"done; echo 'error: no python with ray and torch on the Ray head (tried {candidates})' >&2; exit 127")
+
+
+def submit(client, *, cfg, pip: list[str], env: dict[str, str], cluster_storage: bool = False) -> tuple[str, int]:
     """Submit (or resubmit) the run; a finished job of the same name is replaced, a running one is refused.
 
-    The job runs exactly the configuration validated here: it travels as job.yaml beside the package.
-    With `cluster_storage` the storage path is left out of it, so the cluster's default applies
-    (CHECKPOINT_URI on the head, see trainer.launch.storage_default).
+    The job runs exactly the configuration validated here: it travels as job.yaml beside the package
+    (a local --chat-template file too). With `cluster_storage` the storage path is left out of it, so
+    the cluster's default applies (CHECKPOINT_URI on the head, see trainer.launch.storage_default).
+    Returns the job id and the length of the log a previous attempt left under the same id (Ray
+    appends the new attempt to it).
     """
     import yaml
     from ray.job_submission import JobStatus
 
     run_name = cfg.resolved_run_name
+    previous_log = 0
     with contextlib.suppress(RuntimeError):
         previous = client.get_job_status(run_name)
         if not previous.is_terminal():
@@ -263,20 +280,26 @@ def submit(client, *, cfg, pip: list[str], env: dict[str, str], cluster_storage:
                               f"`python -m trainer logs {run_name}` or stop it with `python -m trainer stop {run_name}`")
         print(f"Run {run_name} was {previous.value}: resubmitting; it resumes from its last complete checkpoint.")
         wait_for_previous_job(client, run_name)
+        with contextlib.suppress(RuntimeError):
+            previous_log = len(client.get_job_logs(run_name))
         client.delete_job(run_name)
     with tempfile.TemporaryDirectory(prefix="trainer-job-") as folder:
         working_dir = stage_package(Path(folder))
+        if cfg.chat_template and "://" not in cfg.chat_template:  # the driver reads it from the working_dir
+            shutil.copyfile(Path(cfg.chat_template).expanduser(), working_dir / CHAT_TEMPLATE_FILE)
+            cfg = dataclass_replace(cfg, chat_template=CHAT_TEMPLATE_FILE)
         job_config = cfg.to_dict()
         if cluster_storage:
             del job_config["storage_path"]
         (working_dir / JOB_CONFIG).write_text(yaml.safe_dump(job_config, sort_keys=False))
-        return submit_when_ready(
+        job_id = submit_when_ready(
             client,
-            entrypoint=shlex.join(["python", "-m", "trainer", "train", "--config", JOB_CONFIG]),
+            entrypoint=entrypoint(["-m", "trainer", "train", "--config", JOB_CONFIG]),
             submission_id=run_name,
             runtime_env=runtime_env(working_dir, pip, env),
             metadata={"run_name": run_name},
         ) or JobStatus.PENDING.value
+    return job_id, previous_log
 
 
 SUPERVISOR_WAIT_S = 60.0
@@ -322,17 +345,22 @@ def submit_when_ready(client, **job) -> str:
             time.sleep(2.0)
 
 
-def follow(client, job_id: str) -> int:
-    """Stream the job's logs until it ends; exit with its status."""
+def follow(client, job_id: str, skip: int = 0, connection: Sequence[str] = ()) -> int:
+    """Stream the job's logs until it ends, leaving out the first `skip` characters (a previous
+    attempt's log, which Ray keeps in the same file); exit with its status."""
     async def stream():
+        left = skip
         async for lines in client.tail_job_logs(job_id):
-            print(lines, end="", flush=True)
+            if left:
+                lines, left = lines[left:], max(0, left - len(lines))
+            if lines:
+                print(lines, end="", flush=True)
 
     try:
         asyncio.run(stream())
     except KeyboardInterrupt:
-        print(f"\nDetached; the job keeps running. `python -m trainer logs {job_id}` follows it again, "
-              f"`python -m trainer stop {job_id}` stops it.", file=sys.stderr)
+        print(f"\nDetached; the job keeps running. `{command_hint('logs', job_id, connection)}` follows it again, "
+              f"`{command_hint('stop', job_id, connection)}` stops it.", file=sys.stderr)
         return EXIT_OK
     return report_status(client, job_id)
 
@@ -355,9 +383,38 @@ def report_status(client, job_id: str) -> int:
 
 # --- command line ---------------------------------------------------------------
 
+def parse_connection(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Parse, then take RAY_ADDRESS (as `ray job` does) when it is a dashboard URL and nothing else says where."""
+    args = parser.parse_args(argv)
+    env_address = os.environ.get("RAY_ADDRESS", "")
+    if not args.address and not args.stack and env_address.startswith(("http://", "https://")):
+        args.address = env_address
+    return args
+
+
+def connection_flags(args: argparse.Namespace) -> list[str]:
+    """The flags that reach the same cluster again (for the commands this prints)."""
+    if args.address:
+        return ["--address", args.address]
+    if args.stack:
+        return ["--stack", args.stack]
+    out = []
+    for name, default in (("namespace", DEFAULT_NAMESPACE), ("service", DEFAULT_SERVICE),
+                          ("raycluster", DEFAULT_RAYCLUSTER)):
+        if getattr(args, name) != default:
+            out += [f"--{name}", getattr(args, name)]
+    return out
+
+
+def command_hint(command: str, run: str, connection: Sequence[str] = ()) -> str:
+    """A command that works as printed: this interpreter, the run, the same connection flags."""
+    return shlex.join([sys.executable, "-m", "trainer", command, run, *connection])
+
+
 def add_connection_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("reaching the Ray cluster")
-    group.add_argument("--address", help="Ray dashboard URL, e.g. http://127.0.0.1:8265 (default: port-forward)")
+    group.add_argument("--address", help="Ray dashboard URL, e.g. http://127.0.0.1:8265 (default: RAY_ADDRESS when "
+                                         "it is such a URL and --stack is not given, else a port-forward)")
     group.add_argument("--stack", help="Pulumi stack whose outputs name the namespace, service and kubeconfig")
     group.add_argument("--namespace", default=DEFAULT_NAMESPACE, help=f"namespace of the RayCluster ({DEFAULT_NAMESPACE})")
     group.add_argument("--service", default=DEFAULT_SERVICE, help=f"head service to port-forward to ({DEFAULT_SERVICE})")
@@ -383,12 +440,12 @@ def manage(command: str, argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog=f"python -m trainer {command}")
     parser.add_argument("run", help="run name (the job's submission id)")
     add_connection_arguments(parser)
-    args = parser.parse_args(argv)
+    args = parse_connection(parser, argv)
     try:
         with connect(args) as client:
             try:
                 if command == "logs":
-                    return follow(client, args.run)
+                    return follow(client, args.run, connection=connection_flags(args))
                 if command == "stop":
                     stopped = client.stop_job(args.run)
                     print(f"Run {args.run}: {'stop requested' if stopped else 'already finished'}")
@@ -459,7 +516,7 @@ def main(argv: list[str]) -> int:
     job.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment variable (repeatable)")
     job.add_argument("--require-efa", action=argparse.BooleanOptionalAction, default=None,
                      help="fail within the first steps if NCCL is not on EFA (default: on for multi-node GPU jobs)")
-    args = parser.parse_args(argv)
+    args = parse_connection(parser, argv)
 
     fields = {f.name for f in dataclass_fields(train_config.TrainConfig)} | {"config", "out"}
     training = {k: v for k, v in vars(args).items() if k in fields}
@@ -467,10 +524,10 @@ def main(argv: list[str]) -> int:
         try:
             target, outputs = (stack.enter_context(stack_target(args.stack)) if args.stack and not args.address
                                else (None, {}))
-            defaults = {"storage_path": outputs["checkpointBucketUri"]} if "checkpointBucketUri" in outputs else None
+            defaults = stack_defaults(outputs)
             cfg = train_config.from_args(argparse.Namespace(**training), defaults)
             cfg = dataclass_replace(cfg, run_name=cfg.resolved_run_name)
-            cluster_storage = defaults is None and not _storage_chosen(args, training)
+            cluster_storage = "storage_path" not in (defaults or {}) and not _storage_chosen(args, training)
             if not args.address:
                 problems = [p for p in _remote_problems(cfg)
                             if not (cluster_storage and p.startswith(train_config.flag("storage_path")))]
@@ -497,20 +554,43 @@ def _submit_and_follow(args: argparse.Namespace, target: Target | None, cfg, env
                        cluster_storage: bool = False) -> int:
     try:
         with connect(args, target) as client:
-            job_id = submit(client, cfg=cfg, pip=args.pip, env=env, cluster_storage=cluster_storage)
+            job_id, previous_log = submit(client, cfg=cfg, pip=args.pip, env=env, cluster_storage=cluster_storage)
             where = (f"the cluster's {CHECKPOINT_ENV}/{job_id} (the stack's bucket; {cfg.run_uri} on a cluster "
                      f"without it)" if cluster_storage else cfg.run_uri)
-            print(f"Submitted run {job_id}: checkpoints, metrics and the exported model go to {where}")
+            print(f"Submitted run {job_id}: {cfg.num_workers} {cfg.device.upper()} worker(s); checkpoints, metrics "
+                  f"and the exported model go to {where}")
+            connection = connection_flags(args)
             if args.no_wait:
-                print(f"Follow it with `python -m trainer logs {job_id}`; stop it with `python -m trainer stop {job_id}`.")
+                print(f"Follow it with `{command_hint('logs', job_id, connection)}`; stop it with "
+                      f"`{command_hint('stop', job_id, connection)}`.")
                 return EXIT_OK
-            return follow(client, job_id)
+            if previous_log:
+                print(f"(The previous attempt's log is left out; `{command_hint('logs', job_id, connection)}` "
+                      f"shows both.)", flush=True)
+            return follow(client, job_id, skip=previous_log, connection=connection)
     except SubmitError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE
 
 
 # --- `python -m trainer nccl-bench` ---------------------------------------------
+
+def stack_gpus(outputs: dict, instance_type: str | None = None) -> int | None:
+    """Every GPU of the stack: GPU nodes x GPUs per node of its instance type (None when unknown)."""
+    row = _catalog_row(instance_type or outputs.get("gpuNodeType"))
+    return row.gpus * int(outputs["gpuNodeCount"]) if row and "gpuNodeCount" in outputs else None
+
+
+def stack_defaults(outputs: dict) -> dict | None:
+    """What `submit --stack` trains on unless flags say otherwise: every GPU of the stack, its bucket."""
+    defaults: dict = {}
+    if "checkpointBucketUri" in outputs:
+        defaults["storage_path"] = outputs["checkpointBucketUri"]
+    gpus = stack_gpus(outputs)
+    if gpus:
+        defaults.update(device="gpu", num_workers=gpus)
+    return defaults or None
+
 
 def _catalog_row(instance_type: str | None):
     """The instance type's catalog row, when the repository's infra package is importable."""
@@ -542,7 +622,7 @@ def bench_main(argv: list[str]) -> int:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--no-wait", action="store_true", help="return once submitted")
-    args = parser.parse_args(argv)
+    args = parse_connection(parser, argv)
     with contextlib.ExitStack() as stack:
         return _bench(args, stack)
 
@@ -556,7 +636,7 @@ def _bench(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         target, outputs = (stack.enter_context(stack_target(args.stack)) if args.stack and not args.address
                            else (None, {}))
         row = _catalog_row(args.instance_type or outputs.get("gpuNodeType"))
-        workers = args.workers or (row.gpus * int(outputs["gpuNodeCount"]) if row and "gpuNodeCount" in outputs else None)
+        workers = args.workers or stack_gpus(outputs, args.instance_type)
         if not workers or workers < 1:
             raise SubmitError("--workers: how many ranks? pass --workers N (or --stack to use every GPU of the stack)")
         env = {}
@@ -576,7 +656,7 @@ def _bench(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         with connect(args, target) as client, tempfile.TemporaryDirectory(prefix="nccl-bench-") as folder:
             job_id = submit_when_ready(
                 client,
-                entrypoint=shlex.join(["python", "-m", "trainer.nccl_bench", *bench_argv]),
+                entrypoint=entrypoint(["-m", "trainer.nccl_bench", *bench_argv]),
                 runtime_env=runtime_env(stage_package(Path(folder)), [], env),
                 submission_id=f"nccl-bench-{time.strftime('%Y%m%d-%H%M%S')}")
             print(f"Submitted {job_id}: {workers} ranks, {args.device}")

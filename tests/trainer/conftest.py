@@ -101,8 +101,9 @@ def ray_cluster():
          "--dashboard-agent-listen-port", str(free_port()), "--dashboard-agent-grpc-port", str(free_port()),
          "--runtime-env-agent-port", str(free_port()), "--metrics-export-port", str(free_port()),
          "--ray-client-server-port", str(free_port())],
-        # Jobs run `python -m trainer ...`: the cluster's PATH must find this venv's python.
-        env={**os.environ, **auth, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"},
+        # PATH is left as it is, as after `.venv/bin/ray start` without activating the virtualenv:
+        # a bare `python` there has no torch, and jobs must still find the interpreter that does.
+        env={**os.environ, **auth},
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     saved = {k: os.environ.get(k) for k in auth}
     os.environ.update(auth)

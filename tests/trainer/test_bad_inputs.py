@@ -70,3 +70,35 @@ def test_local_demo_rejects_bad_flags_before_writing(tmp_path, capsys):
     assert local.main(["--workers", "2", "--micro-batch-size", "0", "--out", str(out)]) == 2
     assert "--micro-batch-size (micro_batch_size) = 0: must be a positive integer or auto" in capsys.readouterr().err
     assert not out.exists()
+
+
+def _without_chat_template(model, folder):
+    import shutil
+
+    shutil.copytree(model, folder)
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_a_tokenizer_without_a_chat_template_is_caught_before_ray_starts_with_the_fix(inputs, demo_assets, capsys):
+    from trainer import demo
+
+    model = _without_chat_template(demo_assets["model"], inputs["tmp"] / "base-model")
+    out = inputs["tmp"] / "runs" / "job"
+    argv = ["--model", str(model), "--dataset", inputs["train"], "--seq-len", "128", "--global-batch-size", "8",
+            "--out", str(out)]
+    assert launch.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--chat-template" in err and "no chat template" in err and "pass one with --chat-template FILE" in err
+    template = inputs["tmp"] / "chatml.jinja"
+    template.write_text(demo.CHAT_TEMPLATE)
+    from trainer.config import parse
+
+    assert launch.preflight(parse(argv + ["--chat-template", str(template)]))["tokenizer"].chat_template == demo.CHAT_TEMPLATE  # the fix works
+    assert launch.main(argv + ["--chat-template", str(inputs["tmp"] / "missing.jinja")]) == 2
+    assert "--chat-template" in capsys.readouterr().err
+    assert not (inputs["tmp"] / "runs").exists()
+

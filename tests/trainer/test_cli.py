@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_usage_lists_the_commands(capsys):
     assert main([]) == 2
     out = capsys.readouterr().out
-    assert all(name in out for name in ("local", "train", "efa-check"))
+    assert all(name in out for name in ("local", "data", "train", "efa-check"))
 
 
 def test_unknown_command_is_an_error(capsys):
@@ -24,7 +24,7 @@ def test_unknown_command_is_an_error(capsys):
     assert "unknown command 'frobnicate'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("command", ["local", "train", "efa-check"])
+@pytest.mark.parametrize("command", ["local", "data", "train", "efa-check"])
 def test_each_command_dispatches_to_its_module(command, capsys):
     try:
         code = main([command, "--help"])

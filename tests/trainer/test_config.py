@@ -35,11 +35,12 @@ def test_yaml_fills_and_flags_override(tmp_path):
 
 def test_yaml_unknown_key_and_bad_type_are_named(tmp_path):
     f = tmp_path / "job.yaml"
-    f.write_text("model: m\ndataset: d.jsonl\nlearning_rate: 0.1\nseq_len: many\n")
+    f.write_text("model: m\ndataset: d.jsonl\nnum_epochs: 2\nseq_len: many\nsave_step: 5\n")
     with pytest.raises(ConfigError) as e:
         parse(["--config", str(f)])
     msg = str(e.value)
-    assert "learning_rate" in msg and "unknown configuration key" in msg and "'lr'" in msg
+    assert "key 'num_epochs': unknown configuration key (did you mean 'epochs'?)" in msg
+    assert "key 'save_step': unknown configuration key (did you mean 'save_steps'?)" in msg  # not 'steps'
     assert "seq_len" in msg and "'many'" in msg
 
 
@@ -169,3 +170,98 @@ def test_auto_needs_only_the_global_batch_divisible_by_the_workers():
     assert problem.startswith("--global-batch-size = 10 is not divisible by --num-workers = 4 (with "
                               "--micro-batch-size auto")
     assert "use a multiple of 4 (e.g. 8 or 12)" in problem
+
+
+# A TRL SFTConfig YAML as `trl sft --config FILE` takes it: the 18 keys of the issue.
+SFT_YAML = """\
+learning_rate: 2.0e-5
+per_device_train_batch_size: 4
+gradient_accumulation_steps: 8
+max_length: 1024
+num_train_epochs: 3
+max_steps: -1
+warmup_ratio: 0.03
+lr_scheduler_type: cosine
+weight_decay: 0.01
+max_grad_norm: 1.0
+save_steps: 200
+logging_steps: 10
+seed: 42
+bf16: true
+gradient_checkpointing: true
+packing: true
+output_dir: {out}
+report_to: none
+dataset_text_field: content
+"""
+
+
+def test_a_trl_sft_config_yaml_maps_every_common_key_to_its_meaning_here(tmp_path):
+    import yaml
+
+    f = tmp_path / "sft.yaml"
+    f.write_text(SFT_YAML.format(out=tmp_path / "runs" / "qwen-sft"))
+    values = yaml.safe_load(f.read_text())
+    assert len(values) == 19
+    trl = pytest.importorskip("trl")
+    assert trl.SFTConfig(**values, use_cpu=True).per_device_train_batch_size == 4  # it is a real SFTConfig
+    cfg = parse(["--config", str(f), *BASE, "--num-workers", "2"])
+    assert (cfg.lr, cfg.micro_batch_size, cfg.seq_len, cfg.epochs, cfg.steps) == (2e-5, 4, 1024, 3, None)
+    assert cfg.global_batch_size == 4 * 8 * 2  # per device x accumulation x workers, as transformers counts
+    assert cfg.grad_accum_steps == 8
+    assert (cfg.warmup_ratio, cfg.warmup_steps, cfg.warmup_for(1000)) == (0.03, 0, 30)
+    assert (cfg.schedule, cfg.weight_decay, cfg.grad_clip, cfg.checkpoint_every, cfg.log_every, cfg.seed) == \
+        ("cosine", 0.01, 1.0, 200, 10, 42)
+    assert cfg.activation_checkpointing and cfg.reporters == () and cfg.dataset_text_field == "content"
+    assert (cfg.storage_path, cfg.run_name) == (str(tmp_path / "runs"), "qwen-sft")
+    assert parse(["--config", str(f), *BASE, "--num-workers", "4"]).global_batch_size == 128
+    assert parse(["--config", str(f), *BASE, "--global-batch-size", "64"]).grad_accum_steps == 8  # 64/(2x4)
+
+
+@pytest.mark.parametrize("text, want", [
+    ("max_steps: 500\nnum_train_epochs: 3\n", {"steps": 500, "epochs": None}),  # max_steps wins
+    ("warmup_steps: 0.1\n", {"warmup_ratio": 0.1, "warmup_steps": 0}),  # transformers 5: a float < 1 is a ratio
+    ("warmup_steps: 50\nwarmup_ratio: 0.1\n", {"warmup_steps": 50, "warmup_ratio": 0.0}),
+    ("lr_scheduler_type: constant_with_warmup\nwarmup_steps: 5\n", {"schedule": "constant", "warmup_steps": 5}),
+    ("lr_scheduler_type: cosine_with_min_lr\nlr_scheduler_kwargs: {min_lr_rate: 0.1}\n",
+     {"schedule": "cosine", "min_lr_ratio": 0.1}),
+    ("report_to: [tensorboard, wandb]\n", {"report_to": "tensorboard,wandb"}),
+    ("gradient_accumulation_steps: 2\n", {"micro_batch_size": 8, "global_batch_size": 32}),
+    ("assistant_only_loss: true\n", {"train_on": "completion"}),
+    ("completion_only_loss: false\n", {"train_on": "all"}),
+    ("model_name_or_path: Qwen/Qwen2.5-1.5B\ndataset_name: trl-lib/Capybara\ndataset_train_split: train[:100]\n"
+     "save_total_limit: 3\nsave_strategy: steps\noptim: adamw_torch_fused\nfp16: false\n",
+     {"model": "Qwen/Qwen2.5-1.5B", "dataset": "trl-lib/Capybara", "dataset_split": "train[:100]", "num_to_keep": 3}),
+])
+def test_transformers_semantics_of_the_trl_keys(tmp_path, text, want):
+    f = tmp_path / "sft.yaml"
+    f.write_text(text)
+    cfg = parse(["--config", str(f), "--model", "m", "--dataset", "d.jsonl", "--num-workers", "2"]
+                if "model_name_or_path" not in text else ["--config", str(f), "--num-workers", "2"])
+    assert {k: getattr(cfg, k) for k in want} == want
+
+
+def test_trl_keys_that_do_not_apply_are_refused_each_with_its_reason(tmp_path):
+    f = tmp_path / "sft.yaml"
+    f.write_text("packing: false\nbf16: false\nfp16: true\neval_strategy: steps\nuse_peft: true\n"
+                 "lr_scheduler_type: polynomial\nnum_train_epochs: 1.5\noptim: sgd\npush_to_hub: true\n"
+                 "report_to: all\nhub_private_repo: true\ndeepspeed: ds.json\n")
+    with pytest.raises(ConfigError) as e:
+        parse(["--config", str(f), *BASE])
+    by_key = {p.split("key ", 1)[1].split(" ", 1)[0].strip("':"): p for p in e.value.problems}
+    reasons = {"packing": "always packed", "bf16": "bf16 parameters on GPU", "fp16": "fp16 is not supported",
+               "eval_strategy": "no evaluation loop", "use_peft": "full fine-tuning only",
+               "lr_scheduler_type": "supported: cosine, linear, constant", "num_train_epochs": "whole epochs",
+               "optim": "AdamW", "push_to_hub": "push it yourself", "report_to:": "name the backends",
+               "hub_private_repo": "TrainingArguments option with no counterpart", "deepspeed": "FSDP2"}
+    for key, reason in reasons.items():
+        problem = by_key[key.rstrip(":")]
+        assert reason in problem, (key, problem)
+    assert len(e.value.problems) == len(reasons)
+
+
+def test_a_key_given_under_both_names_is_a_conflict(tmp_path):
+    f = tmp_path / "sft.yaml"
+    f.write_text("learning_rate: 1.0e-4\nlr: 2.0e-4\n")
+    with pytest.raises(ConfigError, match="both 'lr' and its TRL/transformers name are given; keep one"):
+        parse(["--config", str(f), *BASE])

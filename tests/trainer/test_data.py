@@ -11,7 +11,8 @@ import pytest
 
 from trainer import demo
 from trainer.data import (IGNORE_INDEX, DataError, PackedData, best_fit_rows, check_records, load_records, pack,
-                          prepare, tokenize_messages, to_messages)
+                          prepare, tokenize_messages)
+from trainer.formats import to_example
 
 
 @pytest.fixture(scope="module")
@@ -23,17 +24,16 @@ def tokenizer():
     {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]},
     {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]},
     {"prompt": "hi", "response": "yo"},
-    {"prompt": "hi", "completion": "yo"},
     {"instruction": "hi", "output": "yo"},
 ])
-def test_supported_record_layouts_become_messages(record):
-    msgs = to_messages(record)
+def test_chat_layouts_become_messages(record):
+    msgs = to_example(record, "r").messages
     assert msgs[0] == {"role": "user", "content": "hi"} and msgs[-1] == {"role": "assistant", "content": "yo"}
 
 
 def test_record_without_needed_fields_names_what_it_has():
     with pytest.raises(DataError) as e:
-        to_messages({"question": "q", "answer": "a"}, index=4)
+        to_example({"question": "q", "answer": "a"}, "dataset 'x.jsonl' record 4")
     msg = str(e.value)
     assert "record 4" in msg and "question" in msg and "answer" in msg and "messages" in msg
 
@@ -136,24 +136,17 @@ def test_tokenization_is_cached_per_data_tokenizer_and_seq_len(tmp_path, tokeniz
     assert isinstance(PackedData(data.folder).arrays["input_ids"], np.memmap)
 
 
-def test_jsonl_parquet_and_json_array_load_the_same_records(tmp_path):
-    rows = [{"prompt": f"p{i}", "response": f"r{i}"} for i in range(5)]
-    (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "a.parquet")
-    (tmp_path / "a.json").write_text(json.dumps(rows))
-    for name in ("a.jsonl", "a.parquet", "a.json"):
-        assert load_records(str(tmp_path / name)) == rows
-
-
 def test_bad_files_fail_with_the_file_and_the_fix(tmp_path):
-    with pytest.raises(DataError, match="not found.*jsonl or .parquet"):
+    with pytest.raises(DataError, match="missing.jsonl.*not found; pass an existing .jsonl"):
         load_records(str(tmp_path / "missing.jsonl"))
     (tmp_path / "bad.jsonl").write_text('{"prompt": "a", "response": "b"}\n{not json\n')
-    with pytest.raises(DataError, match="line 2"):
+    with pytest.raises(DataError, match="bad.jsonl.*`datasets` cannot read it"):
         load_records(str(tmp_path / "bad.jsonl"))
     (tmp_path / "empty.jsonl").write_text("")
-    with pytest.raises(DataError, match="is empty"):
-        check_records(load_records(str(tmp_path / "empty.jsonl")), "empty.jsonl")
-    (tmp_path / "data.csv").write_text("a,b\n")
-    with pytest.raises(DataError, match="unknown file type"):
-        load_records(str(tmp_path / "data.csv"))
+    with pytest.raises(DataError, match="empty.jsonl.*is empty"):
+        load_records(str(tmp_path / "empty.jsonl"))
+    with pytest.raises(DataError, match="x.jsonl.*is empty"):
+        check_records([], "x.jsonl")
+    (tmp_path / "data.xyz").write_text("a,b\n")
+    with pytest.raises(DataError, match="unknown file type; use .arrow, .csv"):
+        load_records(str(tmp_path / "data.xyz"))

@@ -135,6 +135,8 @@ def test_a_stopped_job_resubmitted_under_its_run_name_resumes_and_ends_with_iden
     second = subprocess.run(submit, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert f"Run {name} was STOPPED: resubmitting" in second.stdout, second.stdout
+    assert "previous attempt's log is left out" in second.stdout
+    assert "(start 0)" not in second.stdout, second.stdout  # the first attempt's log is not streamed as new
     assert _job_status(ray_cluster, name) == JobStatus.SUCCEEDED
 
     resumed = runs.events(run)[len(interrupted):]

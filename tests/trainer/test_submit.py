@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import socket
 import stat
 import subprocess
@@ -43,14 +44,21 @@ def job_args(demo_assets, trainer_cache, tmp_path_factory):
                      "--storage-path", str(storage), "--env", f"TRAINER_CACHE={trainer_cache}", *TRAIN]
 
 
+SHIPPED_TEMPLATE = "{# shipped with the job #}"
+
+
 @pytest.fixture(scope="module")
-def succeeded(ray_cluster, job_args):
+def succeeded(ray_cluster, job_args, tmp_path_factory):
     """No --storage-path: the run goes where the cluster's CHECKPOINT_URI says, as on the RayCluster's head."""
+    from trainer import demo
+
     storage, args = job_args
     at = args.index("--storage-path")
     args = [*args[:at], *args[at + 2:], "--env", f"CHECKPOINT_URI={storage}"]
+    template = tmp_path_factory.mktemp("template") / "chat.jinja"  # a local file: it travels with the job
+    template.write_text(SHIPPED_TEMPLATE + demo.CHAT_TEMPLATE)
     proc = cli("submit", "--address", ray_cluster.dashboard_url, "--run-name", "submit-ok", *args,
-               env=ray_cluster.client_env())
+               "--chat-template", str(template), env=ray_cluster.client_env())
     return proc, storage / "submit-ok"
 
 
@@ -71,6 +79,50 @@ def test_a_submitted_job_streams_its_logs_and_succeeds(succeeded):
     assert "Run submit-ok: SUCCEEDED" in proc.stderr
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [2, 4]
     assert (run / "model" / "config.json").is_file()
+    # the workers trained with the --chat-template file, which the exported tokenizer keeps
+    assert (run / "model" / "chat_template.jinja").read_text().startswith(SHIPPED_TEMPLATE)
+
+
+def test_the_entrypoint_runs_the_first_python_that_has_ray_and_torch(tmp_path):
+    from trainer.submit import entrypoint
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    for name in ("python", "python3"):  # a system python without torch first on PATH, as on a bare `ray start`
+        (fake / name).write_text("#!/bin/sh\nexit 1\n")
+        (fake / name).chmod(0o755)
+    command = entrypoint(["-c", "import sys, torch; print(sys.executable)"])
+    proc = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=120,
+                          env={"PATH": f"{fake}{os.pathsep}/usr/bin{os.pathsep}/bin"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == sys.executable
+    (fake / "python").write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")  # one that has them: it wins
+    proc = subprocess.run(["sh", "-c", entrypoint(["-c", "print('ran')"])], capture_output=True, text=True,
+                          timeout=120, env={"PATH": f"{fake}{os.pathsep}/usr/bin{os.pathsep}/bin"})
+    assert proc.stdout.strip() == "ran"
+    (fake / "python").write_text("#!/bin/sh\nexit 1\n")
+    nothing = entrypoint(["-c", "pass"]).replace(shlex.quote(sys.executable), "/nonexistent/python")
+    proc = subprocess.run(["sh", "-c", nothing], capture_output=True, text=True, timeout=120,
+                          env={"PATH": f"{fake}{os.pathsep}/usr/bin{os.pathsep}/bin"})
+    assert proc.returncode == 127 and "no python with ray and torch" in proc.stderr
+
+
+def test_no_wait_prints_commands_that_work_as_printed(ray_cluster, job_args):
+    _, args = job_args
+    proc = cli("submit", "--address", ray_cluster.dashboard_url, "--run-name", "submit-nowait", "--no-wait", *args,
+               env=ray_cluster.client_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    logs = re.search(r"Follow it with `([^`]+)`", proc.stdout).group(1)
+    assert logs.split()[-2:] == ["--address", ray_cluster.dashboard_url]
+    followed = subprocess.run(shlex.split(logs), cwd=REPO, env=ray_cluster.client_env(), capture_output=True,
+                              text=True, timeout=600)
+    assert followed.returncode == 0 and "done: run folder" in followed.stdout, followed.stderr[-3000:]
+
+
+def test_ray_address_is_the_default_dashboard_address(ray_cluster, succeeded):
+    env = {**ray_cluster.client_env(), "RAY_ADDRESS": ray_cluster.dashboard_url}
+    proc = cli("status", "submit-ok", env=env)
+    assert proc.returncode == 0 and "SUCCEEDED" in proc.stderr, proc.stderr
 
 
 def test_status_and_logs_of_a_finished_run(ray_cluster, succeeded):
@@ -271,6 +323,21 @@ def test_every_refusal_removes_the_stacks_kubeconfig(fake_tools, argv, error):
     proc = cli(*argv, "--stack", "dev", env={**env, "TMPDIR": str(scratch)}, timeout=120)
     assert proc.returncode == 2 and error in proc.stderr, proc.stderr
     assert list(scratch.iterdir()) == []
+
+
+def test_submit_with_a_stack_trains_on_every_gpu_of_the_stack_unless_flags_say_otherwise():
+    import argparse
+
+    from trainer.config import from_args
+    from trainer.submit import stack_defaults
+
+    outputs = {"gpuNodeType": "g6.12xlarge", "gpuNodeCount": 2, "checkpointBucketUri": "s3://ckpt/runs"}
+    base = {"model": "Qwen/Qwen2.5-1.5B", "dataset": "s3://ckpt/data/train.jsonl", "config": None}
+    cfg = from_args(argparse.Namespace(**base), stack_defaults(outputs))
+    assert (cfg.device, cfg.num_workers, cfg.storage_path) == ("gpu", 8, "s3://ckpt/runs")  # 2 nodes x 4 L4
+    cfg = from_args(argparse.Namespace(**base, num_workers=4, device="cpu"), stack_defaults(outputs))
+    assert (cfg.device, cfg.num_workers) == ("cpu", 4)
+    assert stack_defaults({"checkpointBucketUri": "s3://b"}) == {"storage_path": "s3://b"}
 
 
 def test_nccl_bench_runs_as_a_job_over_gloo(ray_cluster):

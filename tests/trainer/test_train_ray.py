@@ -129,3 +129,20 @@ def test_export_loads_with_from_pretrained_and_generates(demo_run):
     assert gen.shape[1] > enc["input_ids"].shape[1]
     rows = demo.read_jsonl(out / "data" / "heldout.jsonl")[:8]
     assert 0.0 <= demo.exact_match(model, tok, rows) <= 1.0
+
+
+def test_the_run_folder_records_the_run_and_the_export_carries_a_model_card(demo_run):
+    from huggingface_hub import ModelCard
+
+    out, _ = demo_run
+    run = json.loads((out / "run.json").read_text())
+    assert run["config"]["steps"] == STEPS and run["config"]["num_workers"] == 2
+    assert {"torch", "ray", "transformers", "datasets", "python"} <= set(run["versions"])
+    assert run["hardware"]["world_size"] == 2 and run["hardware"]["nodes"] == 1
+    assert run["data"]["source_fingerprint"]["files"][0][0] == "train.jsonl" and run["data"]["rows"] > 0
+    assert run["data"]["packed_data_key"] and run["data"]["records"] == 4000  # the demo's generated task
+    card = ModelCard.load(out / "model" / "README.md")
+    last = read_metrics(out / "metrics.jsonl")[-1]
+    assert card.data.library_name == "transformers"
+    assert f"steps: {STEPS}, tokens: " in card.text and f"final loss: {last['loss']:.4f}" in card.text
+    assert "2 worker(s) on 1 node(s): cpu" in card.text

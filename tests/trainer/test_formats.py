@@ -1,0 +1,214 @@
+"""TRL's dataset formats: rendered by the tokenizer's own chat template, masks equal to what TRL computes.
+
+The reference is TRL itself: each record goes through SFTTrainer's own dataset preparation
+(its tokenization, completion and assistant masks, labels) with the same tokenizer and
+template, TRL's own Qwen2.5 training template (tools, tool calls, `{% generation %}`
+markers) read from the installed package. The tokenizer is the demo's character tokenizer,
+so every character of the rendering is a token and nothing downloads.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainer import demo
+from trainer.data import DataError
+from trainer.formats import Renderer, to_example
+
+trl = pytest.importorskip("trl")
+QWEN_TRAINING = (Path(trl.__file__).parent / "chat_templates" / "qwen2_5_training.jinja").read_text()
+# ChatML with {% generation %} right after the generation prompt: exactly what prefix rendering finds
+CHATML_GEN = ("{% for m in messages %}{% if m.role == 'assistant' %}{{ '<|im_start|>assistant\n' }}{% generation %}"
+              "{{ m.content + '<|im_end|>\n' }}{% endgeneration %}{% else %}"
+              "{{ '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}{% endif %}{% endfor %}"
+              "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+CALL = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+TOOL_CONVERSATION = {"messages": [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": [CALL]},
+    {"role": "tool", "content": "18C, sunny"},
+    {"role": "assistant", "content": "18C and sunny."},
+], "tools": json.dumps(TOOLS)}
+PLAIN_CONVERSATION = {"messages": [
+    {"role": "user", "content": "reverse: abc"}, {"role": "assistant", "content": "cba"},
+    {"role": "user", "content": "upper: xy"}, {"role": "assistant", "content": "XY"}], "tools": None}
+
+
+def tokenizer(template: str | None = QWEN_TRAINING):
+    tok = demo.build_tokenizer()
+    tok.chat_template = template
+    return tok
+
+
+@pytest.fixture(scope="module")
+def model():
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(demo.model_config())
+
+
+def trl_tokenized(model, tok, rows: list[dict], tmp_path, **sft) -> list[tuple[list[int], list[bool]]]:
+    """input_ids and trained positions (labels != -100) as TRL's SFTTrainer prepares them."""
+    import datasets
+    from trl import SFTConfig, SFTTrainer
+
+    args = SFTConfig(output_dir=str(tmp_path / "trl"), report_to=[], max_length=None, bf16=False, use_cpu=True,
+                     gradient_checkpointing=False, **sft)
+    prepared = SFTTrainer(model=model, args=args, train_dataset=datasets.Dataset.from_list(rows),
+                          processing_class=tok).train_dataset
+    return [(list(r["input_ids"]), [label != -100 for label in r["labels"]]) for r in prepared]
+
+
+def ours(tok, rows: list[dict], train_on: str = "completion") -> list[tuple[list[int], list[bool]]]:
+    import datasets
+
+    renderer = Renderer(tok, train_on)
+    # through Arrow, as the job reads them: unset struct fields come back as None
+    return [renderer.encode(to_example(r, f"record {i}")) for i, r in enumerate(datasets.Dataset.from_list(rows))]
+
+
+def trained_text(tok, ids: list[int], mask: list[bool]) -> str:
+    return tok.decode([i for i, m in zip(ids, mask) if m])
+
+
+def test_conversations_with_tools_and_tool_calls_match_trl_assistant_only_loss(model, tmp_path):
+    tok = tokenizer()
+    rows = [TOOL_CONVERSATION, PLAIN_CONVERSATION]
+    reference = trl_tokenized(model, tok, rows, tmp_path, assistant_only_loss=True)
+    assert ours(tok, rows) == reference
+    ids, mask = reference[0]
+    text = tok.decode(ids)
+    assert "get_weather" in text and '"city": "Paris"' in text and "<tools>" in text  # tools and the call rendered
+    learned = trained_text(tok, ids, mask)
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}' in learned
+    assert "18C and sunny.<|im_end|>" in learned and "18C, sunny" not in learned  # tool output is not learned
+    assert "Weather in Paris?" not in learned
+
+
+def test_prefix_rendering_finds_exactly_the_tokens_generation_markers_mark(model, tmp_path):
+    plain = CHATML_GEN.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+    rows = [PLAIN_CONVERSATION, {"messages": [{"role": "system", "content": "S"}, *PLAIN_CONVERSATION["messages"]]}]
+    reference = trl_tokenized(model, tokenizer(CHATML_GEN), rows, tmp_path, assistant_only_loss=True)
+    assert ours(tokenizer(plain), rows) == reference
+    assert trained_text(tokenizer(plain), *reference[0]) == "cba<|im_end|>\nXY<|im_end|>\n"
+
+
+def test_conversational_prompt_completion_matches_trl_completion_only_loss(model, tmp_path):
+    tok = tokenizer()
+    rows = [{"prompt": [{"role": "user", "content": "Weather in Paris?"}],
+             "completion": [{"role": "assistant", "content": "", "tool_calls": [CALL]},
+                            {"role": "tool", "content": "18C"}, {"role": "assistant", "content": "18C."}],
+             "tools": json.dumps(TOOLS)},
+            {"prompt": [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}],
+             "completion": [{"role": "assistant", "content": "yo"}], "tools": None}]
+    reference = trl_tokenized(model, tok, rows, tmp_path)  # TRL's default for prompt/completion: completion only
+    assert ours(tok, rows) == reference
+    assert trained_text(tok, *reference[1]) == "yo<|im_end|>\n"
+    assert ours(tok, rows, "all") == trl_tokenized(model, tok, rows, tmp_path, completion_only_loss=False)
+
+
+def test_standard_prompt_completion_and_text_match_trl(model, tmp_path):
+    tok = tokenizer()
+    pc = [{"prompt": "The sky is", "completion": " blue."}, {"prompt": "2+2=", "completion": "4"}]
+    reference = trl_tokenized(model, tok, pc, tmp_path)
+    assert ours(tok, pc) == reference
+    assert trained_text(tok, *reference[0]) == " blue.<|im_end|>"  # TRL appends EOS to the completion
+    text = [{"text": "Plain text to model."}, {"text": "Ends with eos<|im_end|>"}]
+    reference = trl_tokenized(model, tok, text, tmp_path)
+    assert ours(tok, text) == reference and all(all(m) for _, m in reference)
+    assert tok.decode(reference[1][0]) == "Ends with eos<|im_end|>"  # no second EOS
+
+
+def test_train_on_all_matches_trl_without_assistant_only_loss(model, tmp_path):
+    tok = tokenizer()
+    rows = [TOOL_CONVERSATION]
+    assert ours(tok, rows, "all") == trl_tokenized(model, tok, rows, tmp_path)
+
+
+def test_text_only_content_parts_render_as_the_text_they_spell_never_as_repr():
+    tok = tokenizer()  # Qwen's template concatenates content: it takes strings
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "Weather "},
+                                                       {"type": "text", "text": "in Paris?"}]},
+                          {"role": "assistant", "content": [{"type": "text", "text": "Sunny."}]}]}
+    strings = {"messages": [{"role": "user", "content": "Weather in Paris?"},
+                            {"role": "assistant", "content": "Sunny."}]}
+    got = ours(tok, [parts])[0]
+    assert got == ours(tok, [strings])[0]
+    assert "'type'" not in tok.decode(got[0]) and "[{" not in tok.decode(got[0])
+    lists = ("{% for m in messages %}{{ m.role }}:{% if m.content is string %}{{ m.content }}{% else %}"
+             "{% for p in m.content %}<{{ p.text }}>{% endfor %}{% endif %}{{ '\n' }}{% endfor %}"
+             "{% if add_generation_prompt %}assistant:{% endif %}")
+    ids, mask = ours(tokenizer(lists), [parts])[0]  # a template that takes parts gets them as they are
+    assert tokenizer(lists).decode(ids) == "user:<Weather ><in Paris?>\nassistant:<Sunny.>\n"
+    assert trained_text(tokenizer(lists), ids, mask) == "<Sunny.>\n"
+
+
+BAD_RECORDS = {
+    "content of the wrong type": ({"messages": [{"role": "user", "content": 5}]},
+                                  ["record 3", "messages[0].content", "found int 5"]),
+    "an unknown role": ({"messages": [{"role": "narrator", "content": "x"}]},
+                        ["messages[0].role", "system, user, assistant, tool", "'narrator'"]),
+    "an image part": ({"messages": [{"role": "user", "content": [{"type": "image", "url": "x.png"}]}]},
+                      ["messages[0].content[0]", "'image' part", "text-only"]),
+    "tool calls on a user message": ({"messages": [{"role": "user", "content": "x", "tool_calls": [CALL]}]},
+                                     ["messages[0].tool_calls", "only assistant messages"]),
+    "tools that are not JSON": ({"messages": PLAIN_CONVERSATION["messages"], "tools": "[{oops"},
+                                ["field tools", "not valid JSON"]),
+    "a string prompt with a message completion": ({"prompt": "hi", "completion": [{"role": "assistant",
+                                                                                   "content": "yo"}]},
+                                                  ["prompt/completion", "two strings", "two lists of messages"]),
+    "no known fields": ({"question": "q", "answer": "a"}, ["record 3", "messages", "prompt + completion",
+                                                          "its fields are: answer, question"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_RECORDS))
+def test_a_bad_record_is_refused_naming_the_dataset_record_field_and_what_was_found(case):
+    record, needles = BAD_RECORDS[case]
+    with pytest.raises(DataError) as e:
+        Renderer(tokenizer()).encode(to_example(record, "dataset 'chat.jsonl' record 3"))
+    assert "dataset 'chat.jsonl' record 3" in str(e.value)
+    for needle in needles:
+        assert needle in str(e.value), (needle, str(e.value))
+
+
+def test_a_template_that_would_drop_tool_calls_or_tools_is_refused_not_silently_used():
+    demo_template = tokenizer(demo.CHAT_TEMPLATE)  # renders role and content only
+    with pytest.raises(DataError, match=r"record 0 field messages\[2\]\.tool_calls: the chat template does not "
+                                        r"render tool calls.*--chat-template FILE"):
+        Renderer(demo_template).encode(to_example({**TOOL_CONVERSATION, "tools": None}, "record 0"))
+    with pytest.raises(DataError, match="record 0 field tools: the chat template does not render a tools list"):
+        Renderer(demo_template).encode(to_example({**PLAIN_CONVERSATION, "tools": TOOLS}, "record 0"))
+
+
+def test_no_chat_template_and_history_rewriting_templates_name_the_fix():
+    with pytest.raises(DataError, match="no chat template.*--chat-template FILE"):
+        Renderer(tokenizer(None)).encode(to_example(PLAIN_CONVERSATION, "record 0"))
+    assert Renderer(tokenizer(None)).encode(to_example({"text": "abc"}, "r"))[0]  # text needs no template
+    # drops earlier assistant turns' reasoning once a later turn follows (as Qwen3's template does)
+    rewriting = ("{% for m in messages %}{% if m.role == 'assistant' and not loop.last %}"
+                 "{{ m.role }}:{{ m.content.split('</think>')[-1] }}{{ '\n' }}{% else %}"
+                 "{{ m.role }}:{{ m.content }}{{ '\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
+    record = {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "<think>t</think>b"},
+                           {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]}
+    with pytest.raises(DataError, match=r"messages\[3\]: the chat template renders earlier turns differently.*"
+                                        r"generation %\} markers \(--chat-template FILE\), or --train-on all"):
+        Renderer(tokenizer(rewriting)).encode(to_example(record, "record 0"))
+    ids, mask = Renderer(tokenizer(rewriting), "all").encode(to_example(record, "record 0"))
+    assert all(mask) and tokenizer(rewriting).decode(ids) == "user:a\nassistant:b\nuser:c\nassistant:d\n"
+
+
+def test_a_conversation_without_an_assistant_turn_is_refused_unless_training_on_all():
+    record = {"messages": [{"role": "user", "content": "hi"}]}
+    with pytest.raises(DataError, match="no assistant message to learn from.*--train-on all"):
+        Renderer(tokenizer()).encode(to_example(record, "record 0"))
+    assert all(Renderer(tokenizer(), "all").encode(to_example(record, "record 0"))[1])

@@ -1,0 +1,389 @@
+"""Dataset records as TRL defines them, rendered by the tokenizer's own chat template, with loss masks.
+
+Formats (TRL's "standard" and "conversational" dataset types, plus three common layouts):
+
+    messages            [{role, content, tool_calls?}, ...] (+ optional `tools` column): a conversation
+    prompt, completion  both strings (standard: plain text, no template) or both message lists (conversational)
+    text                plain text (language modelling; the field is --dataset-text-field)
+    conversations       ShareGPT {from, value} turns: converted to messages, as TRL does
+    prompt, response    / instruction (+ input), output: one user and one assistant turn through the template
+
+Nothing is ever turned into Python repr text: a record is rendered by the chat template
+(content parts that are all text become the string they spell when the template expects
+strings), or refused with an error naming the dataset, the record, the field and what was
+found there. Token masks follow TRL's SFTTrainer for the same record and template:
+
+    --train-on completion (default)  prompt/completion: the completion tokens (TRL completion_only_loss);
+                                     messages: the assistant turns (TRL assistant_only_loss); text: all tokens
+    --train-on all                   every token
+
+Assistant turns are located with the template's `{% generation %}` markers when it has them
+(transformers' return_assistant_tokens_mask, exactly what TRL uses); otherwise each turn is
+what rendering the conversation up to it adds after the generation prompt, which is what the
+model sees at inference.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+ROLES = ("system", "user", "assistant", "tool")
+TRAIN_ON = ("completion", "all")
+_SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "bot": "assistant", "model": "assistant",
+                   "function_call": "assistant", "observation": "tool", "function": "tool"}
+_GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
+FORMATS = ("messages (+ tools)", "prompt + completion", "text", "conversations",
+           "prompt + response", "instruction (+ input) + output")
+
+
+class DataError(ValueError):
+    """The dataset cannot be used: missing, empty, malformed or without the needed fields."""
+
+
+def _found(value: Any, limit: int = 80) -> str:
+    """What a field holds, short enough for an error message."""
+    text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
+    text = text if len(text) <= limit else text[:limit] + "..."
+    return f"{type(value).__name__} {text}"
+
+
+@dataclass
+class Example:
+    """One record, normalised: kind is messages, prompt_completion or text."""
+
+    kind: str
+    conversational: bool
+    messages: list[dict] = field(default_factory=list)
+    prompt: Any = None
+    completion: Any = None
+    text: str | None = None
+    tools: list[dict] | None = None
+    where: str = ""
+
+
+def _drop_none(value: Any) -> Any:
+    """Arrow gives every struct the union of all records' keys, unset ones as None: drop those again."""
+    if isinstance(value, dict):
+        return {k: _drop_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_none(v) for v in value]
+    return value
+
+
+class RecordError(DataError):
+    """A record that cannot be used; `field` is where in it."""
+
+
+def _message_list(value: Any, where: str, name: str, *, sharegpt: bool = False) -> list[dict]:
+    if not isinstance(value, list) or not value:
+        raise RecordError(f"{where} field {name}: expected a non-empty list of messages, found {_found(value)}")
+    out = []
+    for i, raw in enumerate(value):
+        at = f"{name}[{i}]"
+        if not isinstance(raw, dict):
+            raise RecordError(f"{where} field {at}: expected a message object with role and content, "
+                              f"found {_found(raw)}")
+        m = _drop_none(raw)
+        if sharegpt or ("from" in m and "role" not in m):
+            if "from" in m:
+                m["role"] = m.pop("from")
+            if "value" in m:
+                m["content"] = m.pop("value")
+            m["role"] = _SHAREGPT_ROLES.get(str(m.get("role")), m.get("role"))
+        role = m.get("role")
+        if role not in ROLES:
+            raise RecordError(f"{where} field {at}.role: expected one of {', '.join(ROLES)}, found {_found(role)}")
+        content = m.get("content")
+        if content is None and not (role == "assistant" and m.get("tool_calls")):
+            raise RecordError(f"{where} field {at}.content: missing; every message needs content (a string or a "
+                              f"list of content parts), except an assistant message with tool_calls")
+        if content is not None and not isinstance(content, (str, list)):
+            raise RecordError(f"{where} field {at}.content: expected a string or a list of content parts, "
+                              f"found {_found(content)}")
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or "type" not in part:
+                    raise RecordError(f"{where} field {at}.content[{j}]: expected a content part "
+                                      f"{{type, ...}}, found {_found(part)}")
+                if part["type"] != "text":
+                    raise RecordError(f"{where} field {at}.content[{j}]: a {part['type']!r} part; this trainer "
+                                      f"fine-tunes text-only causal LMs, so only 'text' parts can be used")
+                if not isinstance(part.get("text"), str):
+                    raise RecordError(f"{where} field {at}.content[{j}].text: expected a string, "
+                                      f"found {_found(part.get('text'))}")
+        calls = m.get("tool_calls")
+        if calls is not None:
+            if role != "assistant" or not isinstance(calls, list):
+                what = "only assistant messages carry tool_calls" if role != "assistant" else "expected a list"
+                raise RecordError(f"{where} field {at}.tool_calls: {what}, found {_found(calls)}")
+            for j, call in enumerate(calls):
+                fn = call.get("function", call) if isinstance(call, dict) else None
+                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                    raise RecordError(f"{where} field {at}.tool_calls[{j}]: expected "
+                                      f"{{type: function, function: {{name, arguments}}}}, found {_found(call)}")
+        out.append(m)
+    return out
+
+
+def _tools(record: dict, where: str) -> list[dict] | None:
+    tools = record.get("tools")
+    if tools is None:
+        return None
+    if isinstance(tools, str):  # TRL accepts a JSON string (Arrow cannot hold heterogeneous schemas)
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as e:
+            raise RecordError(f"{where} field tools: a string that is not valid JSON ({e.msg})") from None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise RecordError(f"{where} field tools: expected a list of tool (JSON schema) objects, found {_found(tools)}")
+    return [_drop_none(t) for t in tools] or None
+
+
+def _text(record: dict, name: str, where: str) -> str:
+    value = record[name]
+    if not isinstance(value, str):
+        raise RecordError(f"{where} field {name}: expected a string, found {_found(value)}")
+    return value
+
+
+def to_example(record: Any, where: str, text_field: str = "text") -> Example:
+    """A record as an Example, or a RecordError naming the field and what it holds."""
+    if not isinstance(record, dict):
+        raise RecordError(f"{where}: expected an object (a row with named fields), found {_found(record)}")
+    tools = _tools(record, where)
+    if "prompt" in record and "completion" in record:
+        prompt, completion = record["prompt"], record["completion"]
+        if isinstance(prompt, str) and isinstance(completion, str):
+            return Example("prompt_completion", False, prompt=prompt, completion=completion, where=where)
+        if isinstance(prompt, list) and isinstance(completion, list):
+            return Example("prompt_completion", True, prompt=_message_list(prompt, where, "prompt"),
+                           completion=_message_list(completion, where, "completion"), tools=tools, where=where)
+        raise RecordError(f"{where} fields prompt/completion: expected two strings (standard) or two lists of "
+                          f"messages (conversational), found prompt {_found(prompt, 40)} and completion "
+                          f"{_found(completion, 40)}")
+    if "messages" in record:
+        return Example("messages", True, messages=_message_list(record["messages"], where, "messages"),
+                       tools=tools, where=where)
+    if "conversations" in record:
+        msgs = _message_list(record["conversations"], where, "conversations", sharegpt=True)
+        return Example("messages", True, messages=msgs, tools=tools, where=where)
+    chat_pair = None
+    if "prompt" in record and "response" in record:
+        chat_pair = (_text(record, "prompt", where), _text(record, "response", where))
+    elif "instruction" in record and "output" in record:
+        prompt = _text(record, "instruction", where)
+        if record.get("input"):
+            prompt += "\n\n" + _text(record, "input", where)
+        chat_pair = (prompt, _text(record, "output", where))
+    if chat_pair:
+        msgs = [{"role": "user", "content": chat_pair[0]}, {"role": "assistant", "content": chat_pair[1]}]
+        if record.get("system"):
+            msgs.insert(0, {"role": "system", "content": _text(record, "system", where)})
+        return Example("messages", True, messages=msgs, tools=tools, where=where)
+    if text_field in record:
+        return Example("text", False, text=_text(record, text_field, where), where=where)
+    names = ", ".join(sorted(map(str, record))) or "none"
+    hint = "" if text_field == "text" else f" (the text field is {text_field!r}: --dataset-text-field)"
+    raise RecordError(f"{where}: has none of the supported field sets ({'; '.join(FORMATS)}){hint}; "
+                      f"its fields are: {names}")
+
+
+# ---------------------------------------------------------------- rendering and masks
+
+_PROBE = "zqxprobe"
+
+
+def _spans_to_mask(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[bool]:
+    """Tokens whose characters overlap a span (the rule of transformers' assistant mask: char_to_token)."""
+    mask = [False] * len(offsets)
+    for s, e in spans:
+        for t, (a, b) in enumerate(offsets):
+            if a < e and b > s:
+                mask[t] = True
+    return mask
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class Renderer:
+    """Turns Examples into (token ids, trained mask) with one tokenizer and its chat template."""
+
+    def __init__(self, tokenizer, train_on: str = "completion"):
+        if train_on not in TRAIN_ON:
+            raise ValueError(f"train_on must be one of {TRAIN_ON}, got {train_on!r}")
+        self.tok = tokenizer
+        self.train_on = train_on
+        self._probes: dict[str, bool] = {}
+
+    # -- what the template can do (asked once each, when a record needs it)
+    def _render(self, messages: list[dict], **kw) -> str:
+        return self.tok.apply_chat_template(messages, tokenize=False, **kw)
+
+    def _probe(self, name: str) -> bool:
+        if name not in self._probes:
+            user = {"role": "user", "content": "hi"}
+            try:
+                if name == "list_content":
+                    out = self._render([{"role": "user", "content": [{"type": "text", "text": _PROBE}]}])
+                    self._probes[name] = _PROBE in out and "'type'" not in out and '"type"' not in out
+                elif name == "tool_calls":
+                    call = {"type": "function", "function": {"name": _PROBE, "arguments": {}}}
+                    out = self._render([user, {"role": "assistant", "content": "", "tool_calls": [call]}])
+                    self._probes[name] = _PROBE in out
+                elif name == "tools":
+                    tool = {"type": "function", "function": {"name": _PROBE, "description": "probe",
+                                                             "parameters": {"type": "object", "properties": {}}}}
+                    self._probes[name] = _PROBE in self._render([user], tools=[tool])
+            except Exception:  # noqa: BLE001 - a template that raises on it cannot take it either
+                self._probes[name] = False
+        return self._probes[name]
+
+    @property
+    def has_template(self) -> bool:
+        return bool(getattr(self.tok, "chat_template", None))
+
+    @property
+    def generation_markers(self) -> bool:
+        template = self.tok.chat_template
+        template = template.get("default", "") if isinstance(template, dict) else template or ""
+        return bool(_GENERATION.search(template))
+
+    def _prepare(self, ex: Example, messages: list[dict], name: str) -> list[dict]:
+        """Content parts flattened when the template expects strings; tool calls only if it renders them."""
+        flatten = None
+        out = []
+        for i, m in enumerate(messages):
+            m = dict(m)
+            if isinstance(m.get("content"), list):
+                if flatten is None:
+                    flatten = not self._probe("list_content")
+                if flatten:
+                    m["content"] = "".join(p["text"] for p in m["content"])
+            if m.get("tool_calls") and not self._probe("tool_calls"):
+                raise RecordError(f"{ex.where} field {name}[{i}].tool_calls: the chat template does not render "
+                                  f"tool calls, so they would be silently dropped from training; use a model whose "
+                                  f"template supports tools, or pass one with --chat-template FILE")
+            out.append(m)
+        return out
+
+    def _kwargs(self, ex: Example) -> dict:
+        if not ex.tools:
+            return {}
+        if not self._probe("tools"):
+            raise RecordError(f"{ex.where} field tools: the chat template does not render a tools list, so the "
+                              f"tool definitions would be silently dropped; use a template that supports tools "
+                              f"(--chat-template FILE)")
+        return {"tools": ex.tools}
+
+    def _template_error(self, ex: Example, err: Exception) -> RecordError:
+        return RecordError(f"{ex.where}: the chat template cannot render this record "
+                           f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})")
+
+    # -- encoding
+    def encode(self, ex: Example) -> tuple[list[int], list[bool]]:
+        """Token ids of the rendered record and which of them are trained."""
+        if ex.conversational and not self.has_template:
+            raise DataError("the tokenizer has no chat template, so conversational records cannot be rendered; "
+                            "pass one with --chat-template FILE (a Jinja file), or use a tokenizer that has one")
+        try:
+            if ex.kind == "text":
+                return self._encode_text(ex)
+            if ex.kind == "prompt_completion":
+                return self._encode_prompt_completion(ex)
+            return self._encode_messages(ex)
+        except DataError:
+            raise
+        except Exception as e:  # noqa: BLE001 - jinja and tokenizer errors, named with the record
+            raise self._template_error(ex, e) from None
+
+    def _eos(self, text: str) -> str:
+        eos = self.tok.eos_token
+        return text if not eos or text.endswith(eos) else text + eos
+
+    def _encode_text(self, ex: Example) -> tuple[list[int], list[bool]]:
+        ids = list(self.tok(text=self._eos(ex.text))["input_ids"])
+        return ids, [True] * len(ids)
+
+    def _encode_prompt_completion(self, ex: Example) -> tuple[list[int], list[bool]]:
+        if ex.conversational:
+            kw = self._kwargs(ex)
+            prompt = self._prepare(ex, ex.prompt, "prompt")
+            completion = self._prepare(ex, ex.completion, "completion")
+            prompt_ids = self.tok.apply_chat_template(prompt, tokenize=True, return_dict=True,
+                                                      add_generation_prompt=True, **kw)["input_ids"]
+            ids = self.tok.apply_chat_template(prompt + completion, tokenize=True, return_dict=True,
+                                               **kw)["input_ids"]
+        else:
+            prompt_ids = self.tok(text=ex.prompt)["input_ids"]
+            ids = self.tok(text=ex.prompt + self._eos(ex.completion))["input_ids"]
+        ids = list(ids)
+        if self.train_on == "all":
+            return ids, [True] * len(ids)
+        start = _common_prefix(list(prompt_ids), ids)
+        return ids, [False] * start + [True] * (len(ids) - start)
+
+    def _encode_messages(self, ex: Example) -> tuple[list[int], list[bool]]:
+        kw = self._kwargs(ex)
+        messages = self._prepare(ex, ex.messages, "messages")
+        if self.train_on == "all":
+            ids = list(self.tok.apply_chat_template(messages, tokenize=True, return_dict=True, **kw)["input_ids"])
+            return ids, [True] * len(ids)
+        if not any(m["role"] == "assistant" for m in messages):
+            raise RecordError(f"{ex.where} field messages: no assistant message to learn from (roles: "
+                              f"{', '.join(m['role'] for m in messages)}); add one, or pass --train-on all")
+        if self.generation_markers:
+            out = self.tok.apply_chat_template(messages, tokenize=True, return_dict=True,
+                                               return_assistant_tokens_mask=True, **kw)
+            return list(out["input_ids"]), [bool(b) for b in out["assistant_masks"]]
+        text, spans = self.assistant_spans(ex, messages, kw)
+        try:
+            enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        except NotImplementedError:  # a slow (Python) tokenizer has no offsets: tokenize span by span
+            return self._encode_segments(text, spans)
+        return list(enc["input_ids"]), _spans_to_mask(enc["offset_mapping"], spans)
+
+    def assistant_spans(self, ex: Example, messages: list[dict], kw: dict) -> tuple[str, list[tuple[int, int]]]:
+        """The rendered conversation and the character span of each assistant turn, found by prefixes."""
+        spans: list[tuple[int, int]] = []
+        done = ""
+        for i, m in enumerate(messages):
+            if m["role"] != "assistant":
+                continue
+            prompt = self._render(messages[:i], add_generation_prompt=True, **kw) if i else ""
+            full = self._render(messages[: i + 1], **kw)
+            if not prompt.startswith(done) or not full.startswith(prompt):
+                raise RecordError(f"{ex.where} field messages[{i}]: the chat template renders earlier turns "
+                                  f"differently once later ones follow (it rewrites history, e.g. drops reasoning), "
+                                  f"so the assistant tokens cannot be located; use a template with "
+                                  f"{{% generation %}} markers (--chat-template FILE), or --train-on all")
+            spans.append((len(prompt), len(full)))
+            done = full
+        text = self._render(messages, **kw)
+        if not text.startswith(done):
+            raise RecordError(f"{ex.where} field messages: the chat template renders the assistant turns "
+                              f"differently once later messages follow; use a template with {{% generation %}} "
+                              f"markers (--chat-template FILE), or --train-on all")
+        return text, spans
+
+    def _encode_segments(self, text: str, spans: list[tuple[int, int]]) -> tuple[list[int], list[bool]]:
+        ids: list[int] = []
+        mask: list[bool] = []
+        at = 0
+        for s, e in [*spans, (len(text), len(text))]:
+            for piece, trained in ((text[at:s], False), (text[s:e], True)):
+                if piece:
+                    seg = self.tok(piece, add_special_tokens=False)["input_ids"]
+                    ids += seg
+                    mask += [trained] * len(seg)
+            at = e
+        return ids, mask

@@ -1,0 +1,215 @@
+"""Where records come from, read through Hugging Face `datasets` (the loaders TRL users already rely on).
+
+    --dataset org/name [--dataset-config SUBSET] [--dataset-split train]   a hub dataset
+    --dataset data.jsonl | .json | .parquet | .csv | .txt (also .gz etc.)   one file
+    --dataset folder/                                                       a folder of shards (or a dataset repo
+                                                                            layout with README configs)
+    --dataset saved/                                                        `Dataset.save_to_disk` output
+    --dataset s3://bucket/key or s3://bucket/prefix/                        any of the above in S3
+
+s3:// inputs are copied to the node's cache through the run storage's filesystem (pyarrow,
+the same credentials and endpoint as checkpoints; no s3fs needed), re-fetched when an
+object's size or modification time changes, then read like local ones.
+Splits accept datasets' slicing syntax (`train[:1000]`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainer.formats import DataError
+
+BUILDERS = {".jsonl": "json", ".json": "json", ".ndjson": "json", ".parquet": "parquet", ".csv": "csv",
+            ".tsv": "csv", ".arrow": "arrow", ".txt": "text"}
+_COMPRESSION = (".gz", ".bz2", ".xz", ".zst", ".lz4")
+SAVED_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
+
+
+@dataclass(frozen=True)
+class Source:
+    """A dataset location resolved to what `datasets` reads: kind is hub, file, folder or saved."""
+
+    spec: str
+    kind: str
+    path: str
+    config: str | None = None
+    split: str = "train"
+    builder: str | None = None
+
+    @property
+    def label(self) -> str:
+        extra = [f"config {self.config!r}" if self.config else "", f"split {self.split!r}"]
+        return f"dataset {self.spec!r} ({', '.join(e for e in extra if e)})"
+
+
+def builder_for(name: str) -> str | None:
+    lower = name.lower()
+    for ext in _COMPRESSION:
+        if lower.endswith(ext):
+            lower = lower[: -len(ext)]
+    return BUILDERS.get(Path(lower).suffix)
+
+
+def _looks_like_path(spec: str) -> bool:
+    return spec.startswith(("/", ".", "~")) or builder_for(spec) is not None or spec.count("/") > 1
+
+
+def _local_kind(path: Path, spec: str) -> tuple[str, str | None]:
+    if path.is_file():
+        if path.stat().st_size == 0:
+            raise DataError(f"dataset {spec!r}: is empty; it needs at least one record")
+        builder = builder_for(path.name)
+        if builder is None:
+            raise DataError(f"dataset {spec!r}: unknown file type; use {', '.join(sorted(BUILDERS))} "
+                            f"(optionally compressed), a folder of such files, or save_to_disk output")
+        return "file", builder
+    if any((path / m).is_file() for m in SAVED_MARKERS):
+        return "saved", None
+    return "folder", None
+
+
+def resolve(spec: str, *, config: str | None = None, split: str = "train", storage_fs: Any = None,
+            cache_dir: str | Path | None = None) -> Source:
+    """Where `spec` points; s3:// objects are copied into the cache first. Raises DataError if missing."""
+    if spec.startswith("s3://"):
+        local = _fetch_s3(spec, storage_fs, Path(cache_dir or Path.home() / ".cache" / "trainer"))
+        kind, builder = _local_kind(local, spec)
+        return Source(spec, kind, str(local), config, split, builder)
+    path = Path(spec).expanduser()
+    if path.exists():
+        kind, builder = _local_kind(path, spec)
+        return Source(spec, kind, str(path.absolute()), config, split, builder)
+    if _looks_like_path(spec):
+        raise DataError(f"dataset {spec!r}: not found; pass an existing .jsonl/.json/.parquet/.csv file, a folder "
+                        f"of them, save_to_disk output, an s3:// URI of one, or a Hugging Face hub dataset id")
+    return Source(spec, "hub", spec, config, split)
+
+
+def _fetch_s3(uri: str, storage_fs: Any, cache_dir: Path) -> Path:
+    """The object (or every object under the prefix) in the local cache, re-fetched when it changed."""
+    from trainer.storage import Storage
+
+    parent, _, name = uri.rstrip("/").rpartition("/")
+    store = Storage.from_uri(parent, fs=storage_fs)
+    if not store.exists(name):
+        raise DataError(f"dataset {uri!r}: not found in S3; check the bucket and key (and the pod's IAM role)")
+    listing = _listing(store, name)
+    if not listing:
+        raise DataError(f"dataset {uri!r}: an empty S3 prefix; it holds no files")
+    key = hashlib.sha256(json.dumps([uri, listing]).encode()).hexdigest()[:16]
+    target = cache_dir / "datasets-s3" / key
+    local = target / name
+    if (target / ".complete").is_file():
+        return local
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+    if store.is_dir(name):
+        store.download_dir(tmp / name, name)
+    else:
+        (tmp / name).write_bytes(store.read_bytes(name))
+    (tmp / ".complete").write_text(uri)
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+    return local
+
+
+def _listing(store, name: str) -> list[list]:
+    """[relative path, size, mtime] of the object or of every object under the prefix."""
+    import posixpath
+
+    import pyarrow.fs as pafs
+
+    base = store.path(name)
+    info = store.fs.get_file_info(base)
+    infos = store.fs.get_file_info(pafs.FileSelector(base, recursive=True)) if info.type == pafs.FileType.Directory \
+        else [info]
+    return sorted([posixpath.relpath(i.path, base) if i.path != base else "", i.size, i.mtime_ns]
+                  for i in infos if i.type == pafs.FileType.File)
+
+
+def _first_line(err: BaseException) -> str:
+    while err.__cause__ is not None and not str(err):
+        err = err.__cause__
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
+
+
+def open_dataset(source: Source, *, streaming: bool = False, cache_dir: str | Path | None = None):
+    """A datasets.Dataset (or IterableDataset when streaming) of the source's split."""
+    import datasets
+
+    datasets.disable_progress_bars()  # the trainer reports its own progress; these would flood job logs
+    kw: dict[str, Any] = {"cache_dir": str(Path(cache_dir) / "datasets")} if cache_dir else {}
+    try:
+        if source.kind == "saved":
+            loaded = _saved_split(datasets.load_from_disk(source.path), source)
+            return loaded.to_iterable_dataset() if streaming else loaded
+        if source.kind == "file":
+            return datasets.load_dataset(source.builder, data_files=source.path, split=source.split,
+                                         streaming=streaming, **kw)
+        return datasets.load_dataset(source.path, name=source.config, split=source.split,
+                                     streaming=streaming, **kw)
+    except DataError:
+        raise
+    except Exception as e:  # noqa: BLE001 - datasets raises many kinds; each means this input is unusable
+        if source.kind == "hub":
+            raise DataError(f"{source.label}: not a local file or folder, and loading it from the Hugging Face "
+                            f"hub failed ({_first_line(e)}); check the id, --dataset-config and --dataset-split, "
+                            f"network access, and HF_TOKEN for gated datasets") from None
+        raise DataError(f"{source.label}: `datasets` cannot read it ({_first_line(e)}); check the file's format "
+                        f"and --dataset-split (a single file has the split 'train')") from None
+
+
+_SPLIT = re.compile(r"^([\w.-]+)(?:\[(-?\d*):(-?\d*)\])?$")
+
+
+def _saved_split(saved, source: Source):
+    """`name` or `name[a:b]` of save_to_disk output (load_dataset's slicing needs a builder); a saved
+    Dataset (not a DatasetDict) is its only split."""
+    import datasets
+
+    match = _SPLIT.match(source.split)
+    if not match:
+        raise DataError(f"{source.label}: a save_to_disk dataset takes a split name, optionally sliced with "
+                        f"whole numbers (train[:1000]); percentages need a file or hub dataset")
+    name, lo, hi = match.groups()
+    if not isinstance(saved, datasets.DatasetDict):
+        ds = saved
+    elif name not in saved:
+        raise DataError(f"{source.label}: the saved DatasetDict has no split {name!r}; its splits are "
+                        f"{', '.join(saved)} (--dataset-split)")
+    else:
+        ds = saved[name]
+    if match.group(2) is None:
+        return ds
+    return ds.select(range(len(ds))[slice(int(lo) if lo else None, int(hi) if hi else None)])
+
+
+def records(source: Source, *, limit: int | None = None, cache_dir: str | Path | None = None) -> list[dict]:
+    """The split's records as dicts (only the first `limit`, streamed, for a hub dataset)."""
+    if limit and source.kind == "hub":
+        ds = open_dataset(source, streaming=True, cache_dir=cache_dir)
+        return [dict(r) for r in ds.take(limit)]
+    ds = open_dataset(source, cache_dir=cache_dir)
+    if limit:
+        ds = ds.select(range(min(limit, len(ds))))
+    return ds.to_list()
+
+
+def fingerprint(source: Source) -> dict:
+    """What identifies the data for caching and the run record: files by path, size and mtime."""
+    info: dict[str, Any] = {"spec": source.spec, "kind": source.kind, "config": source.config, "split": source.split}
+    if source.kind == "hub":
+        return info
+    path = Path(source.path)
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and ".cache" not in p.parts)
+    info["files"] = [[str(p.relative_to(path)) if p != path else p.name, p.stat().st_size, p.stat().st_mtime_ns]
+                     for p in files]
+    return info
