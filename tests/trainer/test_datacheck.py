@@ -28,7 +28,8 @@ def test_counts_match_what_the_job_packs_and_examples_mark_the_trained_tokens(de
     assert f"steps per epoch  {meta['rows'] // 4:,} at --global-batch-size 4" in out
     answer = rows[0]["messages"][1]["content"]
     shown = out.split("--- record 0 (trained tokens between ⟦ and ⟧) ---\n", 1)[1].split("\n\n--- record 1", 1)[0]
-    assert shown.endswith(f"⟦{answer}<|im_end|>⟧") and shown.count("⟦") == 1  # only the assistant turn is trained
+    # only the assistant turn is trained: its content, the end-of-turn token and the newline the template adds
+    assert shown.endswith(f"⟦{answer}<|im_end|>\n⟧") and shown.count("⟦") == 1
     assert "--- record 1" in out and "--- record 2" not in out
 
 

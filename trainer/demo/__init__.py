@@ -30,24 +30,39 @@ CHAT_TEMPLATE = (
 TASKS = ("reverse", "sort", "upper")
 
 
-def build_tokenizer():
-    """A character-level PreTrainedTokenizerFast with ChatML special tokens and a chat template."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+def _byte_level(text: str) -> str:
+    """GPT-2's byte-to-unicode mapping (what a byte-level BPE vocabulary spells bytes as): ' ' -> 'Ġ'."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    mapping, extra = {b: chr(b) for b in printable}, 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return "".join(mapping[b] for b in text.encode())
 
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + ROLE_TOKENS + CHARS)}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    pattern = "|".join(ROLE_TOKENS) + r"|[\s\S]"
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
+
+def build_tokenizer():
+    """A character-level Qwen2Tokenizer with ChatML special tokens, whole role words and a chat template.
+
+    It is a Qwen2Tokenizer (byte-level BPE without merges) because that is what AutoTokenizer gives
+    back for a folder whose config.json says qwen2, whatever tokenizer_config.json names (transformers
+    lists qwen2 among the models whose hub tokenizer class it overrides); any other tokenizer would be
+    reloaded as one, with Qwen's pre-tokenizer, and train on different tokens than it was built with.
+    """
+    from tokenizers import AddedToken
+    from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + ROLE_TOKENS + [_byte_level(c) for c in CHARS])}
+    tokenizer = Qwen2Tokenizer(
+        vocab=vocab,
+        merges=[],
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         unk_token="<unk>",
         additional_special_tokens=["<|im_start|>"],
         model_max_length=512,
     )
+    tokenizer.add_tokens([AddedToken(word, special=False, normalized=False) for word in ROLE_TOKENS])
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 
