@@ -12,13 +12,16 @@ nothing but the project's virtualenv and the project root on its path.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import pickle
 import re
 import socket
 import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
+from typing import Iterator
 
 import pulumi
 import pulumi.dynamic as dynamic
@@ -269,8 +272,26 @@ class PinnedImage(dynamic.Resource, module="raytrain", name="PinnedImage"):
     def __init__(self, name: str, image: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, subject: str = CONFIG_KEY,
                  opts: pulumi.ResourceOptions | None = None):
         _parse_for(image, subject)
-        super().__init__(ImageDigestProvider(timeout_s, subject), name,
-                         {"image": image, "digest": None, "reference": None}, opts)
+        with _pickler_restored():
+            super().__init__(ImageDigestProvider(timeout_s, subject), name,
+                             {"image": image, "digest": None, "reference": None}, opts)
+
+
+@contextlib.contextmanager
+def _pickler_restored() -> Iterator[None]:
+    """Undo what pulumi.dynamic's provider serialization leaves behind in the pickle module.
+
+    pulumi 3.272's serialize_provider patches pickle._Pickler (sorted dict items) and never puts
+    it back, each call wrapping the previous patch: after a few hundred dynamic resources in one
+    process (the test suite), every pickle recurses past Python's limit, `datasets`' fingerprint
+    of a dataset included (seen as a RecursionError). The serialized provider is unaffected.
+    """
+    saved = {name: pickle._Pickler.__dict__[name] for name in ("_batch_setitems", "save_dict")}
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(pickle._Pickler, name, value)
 
 
 def _parse_for(image: str, subject: str) -> ImageReference:

@@ -218,3 +218,17 @@ def test_a_charts_image_failure_names_the_chart_not_the_dlc_key(registry):
     assert failure.reason.startswith(subject + ": ") and "raytrain-eks:dlcImage" not in failure.reason
     assert "does not exist" in failure.reason and "@sha256:<64 hex>" in failure.reason
     assert provider.check({}, {"image": registry.image("team/operator", "v1")}).inputs["digest"] == INDEX_DIGEST
+
+
+def test_pinning_leaves_the_pickle_module_as_it_found_it():
+    """pulumi.dynamic patches pickle._Pickler on every provider it serializes and never undoes it; a few
+    hundred stack runs in one process then made every pickle (datasets' fingerprints) recurse too deep."""
+    import pickle
+
+    from tests.workloads.conftest import run_stack
+
+    before = {name: pickle._Pickler.__dict__[name] for name in ("_batch_setitems", "save_dict")}
+    for _ in range(3):
+        run = run_stack("dev")
+        assert any(r.type.startswith("pulumi-python:dynamic") for r in run.resources)
+    assert {name: pickle._Pickler.__dict__[name] for name in before} == before
