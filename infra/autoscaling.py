@@ -18,23 +18,16 @@ import re
 import pulumi
 import pulumi_aws as aws
 
-from infra import iam, nodes
-from infra.catalog import GpuInstanceType
+from facts import nodes as node_facts
+from facts import resources
+from infra import iam
 from infra.config import StackConfig
 from infra.resources import children_options
 
 CA_NAMESPACE = "kube-system"
 CA_SERVICE_ACCOUNT = "cluster-autoscaler"
-DISCOVERY_PREFIX = "k8s.io/cluster-autoscaler"
-TEMPLATE_PREFIX = f"{DISCOVERY_PREFIX}/node-template"
-# The label CA's AWS provider reads to know a node has GPUs: until the device plugin advertises
-# them, such a node counts as not ready (no second scale-up for the same pod), and once empty its
-# utilization is its GPUs' (so it is removed even though daemon sets use some CPU).
-ACCELERATOR_LABEL = "k8s.amazonaws.com/accelerator"
-
-GPU_RESOURCE = "nvidia.com/gpu"
-EFA_RESOURCE = "vpc.amazonaws.com/efa"
-HUGEPAGES_RESOURCE = "hugepages-2Mi"
+DISCOVERY_PREFIX = node_facts.AUTOSCALER_PREFIX
+ACCELERATOR_LABEL = node_facts.ACCELERATOR_LABEL
 
 SCALE_DOWN_UNNEEDED_MINUTES = 5  # CA default 10
 SCALE_DOWN_DELAY_AFTER_ADD_MINUTES = 5  # CA default 10: no scale-down at all for that long after a scale-up
@@ -48,15 +41,10 @@ def discovery_tags(cluster_name: str) -> dict[str, str]:
     return {f"{DISCOVERY_PREFIX}/enabled": "true", f"{DISCOVERY_PREFIX}/{cluster_name}": "owned"}
 
 
-def accelerator(gpu: GpuInstanceType) -> str:
-    """NVIDIA L4 -> nvidia-l4"""
-    return re.sub(r"[^a-z0-9]+", "-", gpu.gpu_model.lower()).strip("-")
-
-
 def gpu_labels(cfg: StackConfig) -> dict[str, str]:
-    labels = dict(nodes.GPU_LABELS)
+    labels = dict(node_facts.GPU_LABELS)
     if cfg.scale_to_zero:
-        labels[ACCELERATOR_LABEL] = accelerator(cfg.gpu)
+        labels[ACCELERATOR_LABEL] = node_facts.accelerator(cfg.gpu.gpu_model)
     return labels
 
 
@@ -78,23 +66,9 @@ def gpu_node_group_tags(cfg: StackConfig) -> dict[str, str]:
     return tags
 
 
-def _effect(taint_effect: str) -> str:
-    return "".join(part.capitalize() for part in taint_effect.split("_"))
-
-
 def node_template_tags(cfg: StackConfig) -> dict[str, str]:
     """What one GPU node of this group offers, as CA reads it from ASG tags when the group is at zero."""
-    gpu = cfg.gpu
-    resources = {GPU_RESOURCE: str(gpu.gpus)}
-    if gpu.efa:
-        resources[EFA_RESOURCE] = str(gpu.efa_interfaces)
-    if gpu.hugepages_2mi:
-        resources[HUGEPAGES_RESOURCE] = gpu.hugepages_2mi
-    tags = {f"{TEMPLATE_PREFIX}/resources/{name}": value for name, value in resources.items()}
-    tags.update({f"{TEMPLATE_PREFIX}/label/{key}": value for key, value in gpu_labels(cfg).items()})
-    taint = nodes.GPU_TAINT
-    tags[f"{TEMPLATE_PREFIX}/taint/{taint['key']}"] = f"{taint['value']}:{_effect(taint['effect'])}"
-    return tags
+    return node_facts.template_tags(resources.extended(cfg.gpu), gpu_labels(cfg), (node_facts.GPU_TAINT,))
 
 
 def asg_tags(cfg: StackConfig) -> dict[str, str]:

@@ -20,12 +20,14 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
-from infra import aws_provider, aws_rules, catalog
+from facts import catalog, images
+from facts import ray as ray_facts
+from infra import aws_provider, aws_rules
 
 PROJECT = "raytrain-eks"
 
 SUPPORTED_KUBERNETES_VERSIONS = ("1.34", "1.35", "1.36")
-DEFAULT_DLC_IMAGE = "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1"
+DEFAULT_DLC_IMAGE = images.EXAMPLE
 MIN_RAY_VERSION = (2, 52, 0)
 MIN_KUBERAY_VERSION = (1, 5, 1)  # RayCluster spec.authOptions; older CRDs drop the field and leave Ray unauthenticated
 NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
@@ -47,8 +49,6 @@ PROJECT_TAGS_PER_RESOURCE = 5
 MIN_CLUSTER_AUTOSCALER_CHART_FOR = {"1.34": (9, 47, 0), "1.35": (9, 54, 0), "1.36": (9, 54, 0)}
 SCALE_TO_ZERO_KEYS = ("gpuIdleTimeoutMinutes", "clusterAutoscalerVersion", "clusterAutoscalerImageTag")
 
-_DIGEST_IMAGE = re.compile(r"^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+@sha256:[0-9a-f]{64}$")
-_TAG_IMAGE = re.compile(r"^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 _REGION = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
 _CLUSTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
 _ZONE_NAME = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$")
@@ -56,7 +56,7 @@ _ZONE_ID = re.compile(r"^[a-z]{2,5}\d-az\d+$")
 _ROLE_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$")
 _RESERVATION = re.compile(r"^cr-[0-9a-f]{17}$")
 _SEMVER = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)$")
-_CA_IMAGE_TAG = re.compile(r"^v(\d+)\.(\d+)\.(\d+)(@sha256:[0-9a-f]{64})?$")
+_CA_VERSION_TAG = re.compile(r"^v(\d+)\.(\d+)\.(\d+)$")
 
 
 class ConfigError(ValueError):
@@ -105,13 +105,12 @@ class StackConfig:
     control_plane_log_retention_days: int = 30
     cost_warning_per_day: float = 1000.0
 
-    ray_cluster_name = "raytrain"
-    ray_service_account = "ray-train"
+    ray_cluster_name = ray_facts.CLUSTER_NAME
+    ray_service_account = ray_facts.SERVICE_ACCOUNT
 
     @property
     def ray_head_service(self) -> str:
-        """KubeRay names the head Service <raycluster>-head-svc."""
-        return f"{self.ray_cluster_name}-head-svc"
+        return ray_facts.head_service(self.ray_cluster_name)
 
     @property
     def gpu(self) -> catalog.GpuInstanceType:
@@ -123,7 +122,7 @@ class StackConfig:
 
     @property
     def image_is_digest(self) -> bool:
-        return "@sha256:" in self.dlc_image
+        return images.parse(self.dlc_image).is_pinned
 
     @property
     def resource_tags(self) -> dict[str, str]:
@@ -311,7 +310,14 @@ def _ca_image_tag(key, value, problems):
     text = _as_str(key, value, problems)
     if text is None:
         return None
-    if not _CA_IMAGE_TAG.match(text):
+    try:
+        version, _ = images.split_tag(text)
+    except images.ImageError as err:
+        problems.append(f"{key}: {err}; write it as vMAJOR.MINOR.PATCH, e.g. "
+                        f"{CLUSTER_AUTOSCALER_IMAGE_TAGS[SUPPORTED_KUBERNETES_VERSIONS[-1]]}, optionally followed by "
+                        "@sha256:<64 hex>")
+        return None
+    if not _CA_VERSION_TAG.match(version):
         problems.append(
             f"{key}: {text!r} is not a Cluster Autoscaler image tag; write it as vMAJOR.MINOR.PATCH, e.g. "
             f"{CLUSTER_AUTOSCALER_IMAGE_TAGS[SUPPORTED_KUBERNETES_VERSIONS[-1]]}, optionally followed by @sha256:<64 hex>")
@@ -364,12 +370,10 @@ def _image(key, value, problems):
     text = _as_str(key, value, problems)
     if text is None:
         return None
-    if _DIGEST_IMAGE.match(text) or _TAG_IMAGE.match(text):
-        return text
-    problems.append(
-        f"{key}: {text!r} is neither registry/repository@sha256:<64 hex> nor registry/repository:tag; "
-        f"e.g. {DEFAULT_DLC_IMAGE}")
-    return None
+    if why := images.problem(text):
+        problems.append(f"{key}: {why}")
+        return None
+    return text
 
 
 KEYS: dict[str, _Key] = {k.name: k for k in (
@@ -589,7 +593,7 @@ def _check_scale_to_zero(values: dict[str, Any], ours: Mapping[str, Any], prefix
             f"autoscaler starts but never scales. Use {DEFAULT_CLUSTER_AUTOSCALER_CHART} (or at least "
             f"{'.'.join(map(str, floor))})")
     tag = values["clusterAutoscalerImageTag"]
-    match = _CA_IMAGE_TAG.match(tag) if tag else None
+    match = _CA_VERSION_TAG.match(tag.partition("@")[0]) if tag else None
     if match and kubernetes and f"{match.group(1)}.{match.group(2)}" != kubernetes:
         problems.append(
             f"{prefix}clusterAutoscalerImageTag: {tag} is Cluster Autoscaler {match.group(1)}.{match.group(2)}, "

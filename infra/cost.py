@@ -1,7 +1,8 @@
 """Estimated hourly cost of a stack, from the instance catalog, and the warnings a large one deserves."""
 from __future__ import annotations
 
-from infra import catalog, nodes
+from facts import catalog
+from infra import nodes
 from infra.config import StackConfig
 
 PARTS = ("gpuNodes", "gpuRootVolumes", "systemNodes", "systemRootVolumes", "controlPlane", "natGateway",
@@ -65,7 +66,7 @@ def gpu_pricing(cfg: StackConfig) -> str:
 
 def vcpus_needed(cfg: StackConfig) -> dict[tuple[str, str], int]:
     """vCPUs the stack runs at most, per Service Quotas family and purchase option."""
-    family = "P" if cfg.gpu_node_type.startswith("p") else "G"
+    family = catalog.quota_family(cfg.gpu_node_type)
     purchase = "SPOT" if cfg.capacity_type == "SPOT" else "ON_DEMAND"
     needed = {("standard", "ON_DEMAND"): cfg.system_node_count * cfg.system.vcpus}
     if cfg.capacity_type != "CAPACITY_BLOCK":  # instances in a Capacity Block do not count against these quotas

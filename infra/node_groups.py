@@ -4,6 +4,7 @@ from __future__ import annotations
 import pulumi
 import pulumi_aws as aws
 
+from facts import nodes as node_facts
 from infra import autoscaling, nodes
 from infra.config import StackConfig
 from infra.resources import children_options
@@ -37,7 +38,7 @@ class SystemNodeGroup(pulumi.ComponentResource):
             instance_types=[cfg.system_node_type],
             ami_type="AL2023_x86_64_STANDARD",
             capacity_type="ON_DEMAND",
-            labels=nodes.SYSTEM_LABELS,
+            labels=node_facts.SYSTEM_LABELS,
             launch_template=aws.eks.NodeGroupLaunchTemplateArgs(id=template.id, version=template.latest_version.apply(str)),
             scaling_config=aws.eks.NodeGroupScalingConfigArgs(
                 desired_size=cfg.system_node_count, min_size=cfg.system_node_count, max_size=cfg.system_node_count),
@@ -83,7 +84,7 @@ class GpuNodeGroup(pulumi.ComponentResource):
             ami_type="AL2023_x86_64_NVIDIA",
             capacity_type=cfg.capacity_type,
             labels=autoscaling.gpu_labels(cfg),
-            taints=[aws.eks.NodeGroupTaintArgs(**nodes.GPU_TAINT)],
+            taints=[aws.eks.NodeGroupTaintArgs(**node_facts.GPU_TAINT.node_group())],
             launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
                 id=self.launch_template.id, version=self.launch_template.latest_version.apply(str)),
             scaling_config=aws.eks.NodeGroupScalingConfigArgs(**autoscaling.gpu_scaling(cfg)),

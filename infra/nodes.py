@@ -5,17 +5,11 @@ volumes are plain dicts that tests and the policy pack can read directly.
 """
 from __future__ import annotations
 
-from infra.catalog import GpuInstanceType
+from facts.catalog import GpuInstanceType
 
 ROOT_DEVICE = "/dev/xvda"
 GPU_ROOT_VOLUME_GIB = 200
 SYSTEM_ROOT_VOLUME_GIB = 50
-
-SYSTEM_LABELS = {"role": "system"}
-GPU_LABELS = {"role": "gpu-worker", "nvidia.com/gpu.present": "true"}
-GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NO_SCHEDULE"}
-# The same taint as Kubernetes spells it in pod tolerations.
-GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Equal", "value": "true", "effect": "NoSchedule"}
 
 
 def metadata_options() -> dict:

@@ -8,6 +8,8 @@ UnknownValueError (shown as an advisory "can't run policy during preview").
 """
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from pulumi_policy import (
@@ -23,7 +25,8 @@ from pulumi_policy import proxy
 
 if __package__:
     from . import rules
-else:  # run by the Pulumi CLI, which puts this directory first on sys.path
+else:  # run by the Pulumi CLI, which puts this directory first on sys.path; the shared facts are one level up
+    sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
     import rules
 
 PACK_NAME = "raytrain-eks-guardrails"

@@ -18,6 +18,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from facts import catalog, images
+from facts import ray as ray_facts
+
 
 class _UnknownValue:
     _instance = None
@@ -283,9 +286,9 @@ RAY_CLUSTER_SPECS = {  # type -> path of the RayCluster spec inside the resource
     "kubernetes:ray.io/v1:RayService": ("spec", "rayClusterConfig"),
 }
 EXPOSED_SERVICE_TYPES = ("LoadBalancer", "NodePort")
-# GCS, dashboard + Jobs API, Ray client, Serve.
-RAY_PORTS = frozenset({6379, 8265, 10001, 8000})
-RAY_PORT_NAMES = frozenset({"gcs", "gcs-server", "dashboard", "client", "ray-client", "serve"})
+# GCS, dashboard + Jobs API, Ray client (the head's ports), and Serve.
+RAY_PORTS = frozenset({*ray_facts.HEAD_PORTS.values(), 8000})
+RAY_PORT_NAMES = frozenset({*ray_facts.HEAD_PORTS, "gcs", "ray-client", "serve"})
 WHY_RAY = ("Ray's dashboard and Jobs API run arbitrary code for whoever reaches them (ShadowRay, CVE-2023-48022); "
            "keep it ClusterIP and use kubectl port-forward")
 
@@ -444,7 +447,6 @@ def ray_not_exposed(resource_type: str, props: Mapping[str, Any], config: Mappin
 
 # --- rule 5: images by digest --------------------------------------------------------
 
-DIGEST_IMAGE = re.compile(r"^[^\s@]+@sha256:[0-9a-f]{64}$")
 CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
 
 
@@ -460,10 +462,6 @@ def _pod_specs(value: Any, path: str) -> Iterable[tuple[str, Mapping[str, Any]]]
             yield from _pod_specs(child, f"{path}[{i}]")
 
 
-HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
-DIGEST_SUFFIX = re.compile(r"@sha256:[0-9a-f]{64}$")
-
-
 def _release_image(props: Mapping[str, Any], found: "_Findings") -> None:
     """A Helm release's `image` values ({repository, tag}, as these charts take them) render repository:tag."""
     image = _get(props, "values", "image")
@@ -477,8 +475,15 @@ def _release_image(props: Mapping[str, Any], found: "_Findings") -> None:
     tag = _get(image, "tag")
     if tag is UNKNOWN:
         found.not_known("values.image.tag")
-    elif not isinstance(tag, str) or not DIGEST_SUFFIX.search(tag):
+    elif not (isinstance(tag, str) and _tag_pinned(tag)):
         found.fail(f"values.image.tag {tag!r} is not pinned by digest; use <tag>@sha256:<64 hex>")
+
+
+def _tag_pinned(tag: str) -> bool:
+    try:
+        return images.split_tag(tag)[1] is not None
+    except images.ImageError:
+        return False
 
 
 def images_by_digest(resource_type: str, props: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
@@ -496,7 +501,7 @@ def images_by_digest(resource_type: str, props: Mapping[str, Any], config: Mappi
                 image = _get(container, "image")
                 if image is UNKNOWN:
                     found.not_known(f"{where}.image")
-                elif not isinstance(image, str) or not DIGEST_IMAGE.match(image):
+                elif not isinstance(image, str) or not images.is_pinned(image):
                     name = _get(container, "name", default="?")
                     found.fail(f"{where} ({name}) image {image!r} is not pinned by digest; "
                                "use registry/repository@sha256:<64 hex>")
@@ -739,12 +744,11 @@ def _span(indices: list[int]) -> str:
 
 # --- rule 7: GPU nodes per stack --------------------------------------------------------
 
-GPU_INSTANCE = re.compile(r"^(p|g|gr)\d+[a-z0-9-]*\.")
 GPU_AMI = re.compile(r"NVIDIA|GPU", re.IGNORECASE)
 
 
 def _is_gpu(instance_types: Sequence[Any], ami_type: Any) -> bool | None:
-    if (any(isinstance(t, str) and GPU_INSTANCE.match(t) for t in instance_types)
+    if (any(isinstance(t, str) and catalog.is_gpu_type(t) for t in instance_types)
             or (isinstance(ami_type, str) and GPU_AMI.search(ami_type))):
         return True
     return None if UNKNOWN in (*instance_types, ami_type) else False

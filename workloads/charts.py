@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra import autoscaling, nodes
+from facts import nodes
+from infra import autoscaling
 from infra.config import StackConfig
 
 NVIDIA_REPOSITORY = "https://nvidia.github.io/k8s-device-plugin"
@@ -48,7 +49,7 @@ class ChartRelease:
 
 
 def _on_gpu_nodes() -> dict[str, Any]:
-    return {"nodeSelector": dict(nodes.GPU_LABELS), "tolerations": [dict(nodes.GPU_TOLERATION)]}
+    return {"nodeSelector": dict(nodes.GPU_LABELS), "tolerations": [nodes.GPU_TAINT.toleration()]}
 
 
 def nvidia_device_plugin(cfg: StackConfig) -> ChartRelease:

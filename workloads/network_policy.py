@@ -14,14 +14,15 @@ The Amazon VPC CNI enforces these only with its network policy agent on
 """
 from __future__ import annotations
 
+from facts import ray as ray_facts
 from infra.config import StackConfig
 from workloads import charts
 
 API_VERSION = "networking.k8s.io/v1"
 KIND = "NetworkPolicy"
-RAY_CLUSTER_LABEL = "ray.io/cluster"  # KubeRay v1.7.0 utils.RayClusterLabelKey
+RAY_CLUSTER_LABEL = ray_facts.CLUSTER_LABEL
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace
-DASHBOARD_PORT = 8265
+DASHBOARD_PORT = ray_facts.DASHBOARD_PORT
 
 
 def default_deny_ingress(cfg: StackConfig) -> dict:

@@ -17,41 +17,30 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 from dataclasses import dataclass
 
-from infra import nodes
-from infra.catalog import CpuInstanceType, GpuInstanceType
+from facts import images, resources
+from facts import nodes as node_facts
+from facts import ray as ray_facts
+from facts.catalog import CpuInstanceType, GpuInstanceType
 from infra.config import StackConfig
-from trainer.efa import NCCL_LOG_DIR
 
 API_VERSION = "ray.io/v1"
 KIND = "RayCluster"
 WORKER_GROUP = "gpu-workers"
 HEAD_CONTAINER = "ray-head"
 WORKER_CONTAINER = "ray-worker"
-CHECKPOINT_ENV = "CHECKPOINT_URI"  # on the head: `python -m trainer train`'s default storage path
-RAY_TMP = "/tmp/ray"  # session logs live here; the EFA check greps them
+CHECKPOINT_ENV = ray_facts.CHECKPOINT_ENV  # on the head: `python -m trainer train`'s default storage path
 RAY_TMP_VOLUME = "ray-tmp"
 # Its own volume at the NCCL debug files' folder: Kubernetes creates the mount point before the
 # container starts, so the folder exists before any Ray process (NCCL creates no directories).
 NCCL_LOG_VOLUME = "nccl-logs"
-HEAD_PORTS = {"gcs-server": 6379, "dashboard": 8265, "client": 10001}
 
-GPU_RESOURCE = "nvidia.com/gpu"
-EFA_RESOURCE = "vpc.amazonaws.com/efa"
-HUGEPAGES_RESOURCE = "hugepages-2Mi"
-
-# The EFA driver pre-allocates 5128 x 2 MiB huge pages at boot; the kubelet does not count
-# them as allocatable memory.
-EFA_PREALLOCATED_HUGEPAGES_GIB = math.ceil(5128 * 2 / 1024)
 # Left on a GPU node for the OS, kubelet, eviction threshold and the daemon sets (VPC CNI,
 # kube-proxy, both device plugins): 10 %, at least 2 cores and 8 GiB.
 GPU_NODE_RESERVE_FRACTION = 0.1
 GPU_NODE_RESERVE_MIN_CPU = 2
 GPU_NODE_RESERVE_MIN_MEMORY_GIB = 8
-
-_PINNED = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
 
 # scaleToZero: the KubeRay autoscaler runs as a sidecar of the head, on the system node; requests
 # equal limits keep the head pod Guaranteed, and it fits beside the head on the smallest system type.
@@ -103,18 +92,13 @@ def worker_size(gpu: GpuInstanceType) -> PodSize:
     """The GPU node minus the reserve and, on EFA nodes, the pre-allocated huge pages."""
     cpu_reserve = max(GPU_NODE_RESERVE_MIN_CPU, math.ceil(gpu.vcpus * GPU_NODE_RESERVE_FRACTION))
     memory_reserve = max(GPU_NODE_RESERVE_MIN_MEMORY_GIB, math.ceil(gpu.memory_gib * GPU_NODE_RESERVE_FRACTION))
-    hugepages = EFA_PREALLOCATED_HUGEPAGES_GIB if gpu.efa else 0
+    hugepages = resources.EFA_PREALLOCATED_HUGEPAGES_GIB if gpu.efa else 0
     return PodSize(cpu=gpu.vcpus - cpu_reserve, memory_gib=gpu.memory_gib - memory_reserve - hugepages)
 
 
 def worker_resources(gpu: GpuInstanceType) -> dict[str, str]:
     """Requests equal limits: extended resources and huge pages require it, and it gives Guaranteed QoS."""
-    resources = {**worker_size(gpu).quantities(), GPU_RESOURCE: str(gpu.gpus)}
-    if gpu.efa:
-        resources[EFA_RESOURCE] = str(gpu.efa_interfaces)
-    if gpu.hugepages_2mi:
-        resources[HUGEPAGES_RESOURCE] = gpu.hugepages_2mi
-    return resources
+    return {**worker_size(gpu).quantities(), **resources.extended(gpu)}
 
 
 def worker_env(cfg: StackConfig) -> list[dict[str, str]]:
@@ -147,7 +131,7 @@ def _container(name: str, image: str, env: list[dict], resources: dict[str, str]
         "env": env,
         "resources": {"requests": dict(resources), "limits": dict(resources)},
         "lifecycle": _stop_ray(),
-        "volumeMounts": [{"name": RAY_TMP_VOLUME, "mountPath": RAY_TMP}, *extra_mounts],
+        "volumeMounts": [{"name": RAY_TMP_VOLUME, "mountPath": ray_facts.TMP_DIR}, *extra_mounts],
         "securityContext": _security(),
         **extra,
     }
@@ -203,7 +187,7 @@ def autoscaler_options(cfg: StackConfig, image: str) -> dict:
         "resources": {"requests": dict(AUTOSCALER_RESOURCES), "limits": dict(AUTOSCALER_RESOURCES)},
         "securityContext": _security(),
         "volumeMounts": [{"name": KUBE_API_VOLUME, "mountPath": KUBE_API_MOUNT, "readOnly": True},
-                         {"name": RAY_TMP_VOLUME, "mountPath": RAY_TMP}],
+                         {"name": RAY_TMP_VOLUME, "mountPath": ray_facts.TMP_DIR}],
     }
 
 
@@ -238,7 +222,7 @@ def worker_group_digest(spec: dict) -> str:
 
 def spec(cfg: StackConfig, *, image: str, checkpoint_uri: str) -> dict:
     """The RayCluster spec; `image` must already be pinned by digest."""
-    if not _PINNED.match(str(image)):
+    if not images.is_pinned(str(image), registry_required=True):
         raise ManifestError(
             f"raytrain-eks:dlcImage: the RayCluster needs an image pinned by digest "
             f"(registry/repository@sha256:<64 hex>), got {image!r}; pin tags with workloads.image.pin first")
@@ -250,10 +234,10 @@ def spec(cfg: StackConfig, *, image: str, checkpoint_uri: str) -> dict:
         HEAD_CONTAINER, image,
         env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}, {"name": CHECKPOINT_ENV, "value": checkpoint_uri}],
         resources=head_size(cfg.system).quantities(),
-        ports=[{"name": name, "containerPort": port} for name, port in HEAD_PORTS.items()],
+        ports=[{"name": name, "containerPort": port} for name, port in ray_facts.HEAD_PORTS.items()],
     )
     worker = _container(WORKER_CONTAINER, image, env=worker_env(cfg), resources=worker_resources(cfg.gpu),
-                        extra_mounts=({"name": NCCL_LOG_VOLUME, "mountPath": NCCL_LOG_DIR},))
+                        extra_mounts=({"name": NCCL_LOG_VOLUME, "mountPath": ray_facts.NCCL_LOG_DIR},))
     autoscaled = cfg.scale_to_zero
     result = {
         "rayVersion": cfg.ray_version,
@@ -262,7 +246,7 @@ def spec(cfg: StackConfig, *, image: str, checkpoint_uri: str) -> dict:
         "headGroupSpec": {
             "serviceType": "ClusterIP",
             "rayStartParams": {"num-cpus": "0", "num-gpus": "0", "dashboard-host": "0.0.0.0"},
-            "template": _pod(cfg, head, nodes.SYSTEM_LABELS, [],
+            "template": _pod(cfg, head, node_facts.SYSTEM_LABELS, [],
                              extra_volumes=(kube_api_volume(),) if autoscaled else ()),
         },
         "workerGroupSpecs": [{
@@ -270,7 +254,7 @@ def spec(cfg: StackConfig, *, image: str, checkpoint_uri: str) -> dict:
             **worker_scaling(cfg),
             "numOfHosts": 1,
             "rayStartParams": {"num-gpus": str(cfg.gpu.gpus)},
-            "template": _pod(cfg, worker, nodes.GPU_LABELS, [nodes.GPU_TOLERATION],
+            "template": _pod(cfg, worker, node_facts.GPU_LABELS, [node_facts.GPU_TAINT.toleration()],
                              extra_volumes=({"name": NCCL_LOG_VOLUME, "emptyDir": {}},),
                              annotations={SAFE_TO_EVICT: "false"} if autoscaled else None,
                              restart_policy=AUTOSCALED_WORKER_RESTART_POLICY if autoscaled else None),

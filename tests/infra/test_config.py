@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra import catalog
+from facts import catalog
 from infra.config import DEFAULT_DLC_IMAGE, ConfigError, load
 
 GOOD = {"aws:region": "us-east-1", "raytrain-eks:apiAccessCidrs": ["203.0.113.10/32"]}
@@ -92,6 +92,7 @@ BAD = [
     ({"adminRoleArns": ["admin"]}, "adminRoleArns", "not an IAM role"),
     ({"dlcImage": "ray:latest"}, "dlcImage", "registry/repository"),
     ({"dlcImage": "public.ecr.aws/x/ray@sha256:1234"}, "dlcImage", "registry/repository@sha256"),
+    ({"dlcImage": "myregistry/ray:2.58"}, "dlcImage", "would read it as a Docker Hub namespace"),
     ({"rayVersion": "2.40.0"}, "rayVersion", "token authentication"),
     ({"rayVersion": "latest"}, "rayVersion", "not a version"),
     ({"kuberayVersion": "one"}, "kuberayVersion", "not a version"),

@@ -14,7 +14,8 @@ import re
 import botocore.session
 import pytest
 
-from infra import aws_rules, catalog, offline, plan
+from facts import catalog
+from infra import aws_rules, offline, plan
 
 from . import aws_requests as ar
 from .conftest import BASE

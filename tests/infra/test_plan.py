@@ -39,6 +39,20 @@ def test_invalid_stack_exits_2_with_only_the_errors(tmp_path, monkeypatch, capsy
     assert not (tmp_path / "out").exists()
 
 
+def test_an_image_without_a_registry_host_is_a_config_error_not_a_traceback(tmp_path):
+    """`myregistry/ray:2.58` passed the configuration and then failed in the image pin with a traceback."""
+    stack = tmp_path / "Pulumi.img.yaml"
+    stack.write_text(yaml.safe_dump({"config": {"aws:region": "us-east-1", "raytrain-eks:apiAccessCidrs": ["203.0.113.10/32"],
+                                                "raytrain-eks:dlcImage": "myregistry/ray:2.58"}}))
+    code = f"import sys; from infra import plan; plan.REPO_ROOT = __import__('pathlib').Path({str(tmp_path)!r}); sys.exit(plan.main(['--stack', 'img']))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert proc.stderr.startswith("error: invalid stack configuration (1 problem(s)):")
+    assert "raytrain-eks:dlcImage: 'myregistry/ray:2.58' does not start with a registry host" in proc.stderr
+    assert "(Pulumi.img.yaml line " in proc.stderr  # the line of the key
+
+
 def test_unknown_stack_names_the_known_ones(capsys):
     assert plan.main(["--stack", "nope"]) == 2
     err = capsys.readouterr().err

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import pytest
 import yaml
 
-from infra import autoscaling, catalog, iam, nodes, offline, plan
+from facts import catalog, nodes
+from infra import autoscaling, iam, offline, plan
 from infra.config import CLUSTER_AUTOSCALER_IMAGE_TAGS, SUPPORTED_KUBERNETES_VERSIONS, load
 from infra.cost import PARTS, hourly_cost
 from workloads import charts, raycluster
@@ -176,8 +177,8 @@ def test_gpu_node_group_scales_from_zero_and_pulumi_leaves_its_size_alone(runs, 
     assert as_ints(gpu["scalingConfig"]) == {"minSize": 0, "maxSize": 2, "desiredSize": 0}
     assert gpu["tags"]["k8s.io/cluster-autoscaler/enabled"] == "true"
     assert gpu["tags"][f"k8s.io/cluster-autoscaler/raytrain-eks-{stack}"] == "owned"
-    assert gpu["labels"] == {**nodes.GPU_LABELS, autoscaling.ACCELERATOR_LABEL: autoscaling.accelerator(
-        config(stack).gpu)}
+    assert gpu["labels"] == {**nodes.GPU_LABELS, autoscaling.ACCELERATOR_LABEL: nodes.accelerator(
+        config(stack).gpu.gpu_model)}
     # What the engine receives: a path into an input that exists, in the schema's camelCase.
     assert runs[stack].reg(NODE_GROUP, "gpu-ng").ignore_changes == ("scalingConfig.desiredSize",)
     (path,) = runs[stack].reg(NODE_GROUP, "gpu-ng").ignore_changes

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import pytest
 
-from infra import nodes
+from facts import nodes
 from infra.config import ConfigError
 from workloads import charts
 
 from .conftest import stack_config
 
-GPU_EFFECT = "NoSchedule"  # nodes.GPU_TAINT's NO_SCHEDULE as Kubernetes spells it
+GPU_EFFECT = "NoSchedule"  # the node group's NO_SCHEDULE as Kubernetes spells it
 
 
 def by_release(cfg):
@@ -38,8 +38,8 @@ def test_device_plugins_run_only_on_gpu_nodes_and_tolerate_their_taint(release):
     assert chart.runs_on == "gpu" and chart.namespace == "kube-system"
     assert chart.values["nodeSelector"] == nodes.GPU_LABELS
     matching = [t for t in chart.values["tolerations"]
-                if t["key"] == nodes.GPU_TAINT["key"] and t.get("effect") == GPU_EFFECT
-                and (t["operator"] == "Exists" or t.get("value") == nodes.GPU_TAINT["value"])]
+                if t["key"] == nodes.GPU_TAINT.key and t.get("effect") == GPU_EFFECT
+                and (t["operator"] == "Exists" or t.get("value") == nodes.GPU_TAINT.value)]
     assert matching, chart.values["tolerations"]
 
 
@@ -55,7 +55,7 @@ def test_values_are_fresh_copies():
     cfg = stack_config("dev")
     charts.nvidia_device_plugin(cfg).values["tolerations"][0]["value"] = "changed"
     charts.kuberay_operator(cfg).values["nodeSelector"]["role"] = "changed"
-    assert nodes.GPU_TOLERATION["value"] == "true" and nodes.SYSTEM_LABELS["role"] == "system"
+    assert nodes.GPU_TAINT.toleration()["value"] == "true" and nodes.SYSTEM_LABELS["role"] == "system"
 
 
 def test_a_kuberay_without_token_auth_is_refused():

@@ -32,10 +32,10 @@ def test_parses_tags_and_digests():
     ref = image.parse("public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1")
     assert (ref.registry, ref.repository, ref.tag, ref.digest) == (
         "public.ecr.aws", "deep-learning-containers/ray", "train-ml-cuda-v1.1", None)
-    assert ref.api_base == "https://public.ecr.aws"
+    assert image.api_base(ref) == "https://public.ecr.aws"
     assert ref.pinned(DIGEST) == f"public.ecr.aws/deep-learning-containers/ray@{DIGEST}"
     local = image.parse(f"127.0.0.1:5000/team/ray@{DIGEST}")
-    assert (local.registry, local.repository, local.digest, local.api_base) == (
+    assert (local.registry, local.repository, local.digest, image.api_base(local)) == (
         "127.0.0.1:5000", "team/ray", DIGEST, "http://127.0.0.1:5000")
 
 

@@ -7,7 +7,8 @@ import math
 import jsonschema
 import pytest
 
-from infra import catalog, nodes
+from facts import catalog, nodes
+from facts import ray as ray_facts
 from infra.config import ConfigError
 from workloads import raycluster
 from workloads.raycluster import ManifestError
@@ -143,7 +144,7 @@ def test_each_worker_claims_its_whole_node(stack, gpu_type):
     assert limits["vpc.amazonaws.com/efa"] == str(efa)
     assert limits["hugepages-2Mi"] == catalog.GPU_TYPES[gpu_type].hugepages_2mi == "5120Mi"
     assert pod["nodeSelector"]["role"] == "gpu-worker"
-    assert pod["tolerations"] == [nodes.GPU_TOLERATION]
+    assert pod["tolerations"] == [nodes.GPU_TAINT.toleration()]
 
 
 @pytest.mark.parametrize("gpu_type", sorted(catalog.GPU_TYPES))
@@ -183,7 +184,8 @@ def test_nccl_debug_is_configurable_and_validated():
 def test_worker_tolerates_exactly_the_gpu_node_taint():
     _, pod, _ = worker_of(build())
     (toleration,) = pod["tolerations"]
-    taint = nodes.GPU_TAINT
+    # what the node group's taint says, in Kubernetes' spelling
+    taint = nodes.GPU_TAINT.node_group()
     effect = "".join(part.capitalize() for part in taint["effect"].split("_"))  # NO_SCHEDULE -> NoSchedule
     assert (toleration["key"], toleration["operator"], toleration["value"], toleration["effect"]) == (
         taint["key"], "Equal", taint["value"], effect)
@@ -210,7 +212,7 @@ def test_is_pure():
     _, pod, _ = worker_of(first)
     pod["tolerations"][0]["value"] = "changed"
     pod["nodeSelector"]["role"] = "changed"
-    assert nodes.GPU_TOLERATION["value"] == "true" and nodes.GPU_LABELS["role"] == "gpu-worker"
+    assert nodes.GPU_TAINT.toleration()["value"] == "true" and nodes.GPU_LABELS["role"] == "gpu-worker"
     assert raycluster.manifest(cfg, image=IMAGE, checkpoint_uri=CHECKPOINTS) == snapshot
 
 
@@ -368,7 +370,7 @@ def test_the_nccl_debug_files_folder_is_its_own_volume_on_every_worker():
         (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == str(folder)]
         (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
         assert volume == {"name": raycluster.NCCL_LOG_VOLUME, "emptyDir": {}}
-        assert str(folder).startswith(raycluster.RAY_TMP + "/")  # nested in /tmp/ray: `kubectl cp` finds it there
+        assert str(folder).startswith(ray_facts.TMP_DIR + "/")  # nested in /tmp/ray: `kubectl cp` finds it there
 
 
 def _gpu_job():

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra import catalog
+from facts import catalog
 
 REQUIRED = ["g6.12xlarge", "g6.48xlarge", "g6e.12xlarge", "g6e.48xlarge", "p4d.24xlarge", "p5.48xlarge", "p5e.48xlarge"]
 
