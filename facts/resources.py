@@ -20,12 +20,15 @@ EFA_HUGEPAGES_REQUEST = "5120Mi"
 EFA_PREALLOCATED_HUGEPAGES_GIB = math.ceil(EFA_PREALLOCATED_HUGEPAGES * 2 / 1024)
 
 
-def extended(instance: Any) -> dict[str, str]:
-    """GPUs, EFA devices and EFA huge pages of one node of `instance` (a facts.catalog row); none on a CPU type."""
+def extended(instance: Any, *, efa: bool = True) -> dict[str, str]:
+    """GPUs, EFA devices and EFA huge pages of one node of `instance` (a facts.catalog row); none on a CPU type.
+
+    `efa` False: the node was launched without its EFA interfaces, so it has no EFA device.
+    """
     found: dict[str, str] = {}
     if instance.gpus:
         found[GPU] = str(instance.gpus)
-    if instance.efa_interfaces:
+    if efa and instance.efa_interfaces:
         found[EFA] = str(instance.efa_interfaces)
         found[HUGEPAGES_2MI] = EFA_HUGEPAGES_REQUEST
     return found
