@@ -275,7 +275,8 @@ def run(raw_config: dict[str, Any], *, stack: str = "dev", project: str = "raytr
     region = str(raw_config.get("aws:region") or "us-east-1")
     if mocks is None:
         mocks = RecordingMocks(region)
-        mocks.assume_reservations_from(stack_config.load(raw_config, stack=stack, project=project))
+        if program is None:
+            mocks.assume_reservations_from(stack_config.load(raw_config, stack=stack, project=project))
     monitor = _RecordingMonitor(mocks)
     pulumi.runtime.set_mocks(mocks, project=project, stack=stack, preview=False, monitor=monitor)
     pulumi.runtime.set_all_config(_config_strings(raw_config))

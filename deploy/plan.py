@@ -167,7 +167,12 @@ def write_out(result: offline.PlanResult, out: Path) -> list[Path]:
     return written
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
+    """`python -m deploy.plan`: 0, or 2 with `error: ...` (every problem, each with its fix) on bad input."""
+    return errors.run(plan, argv)
+
+
+def plan(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m deploy.plan", description=__doc__.split("\n\n")[0])
     parser.add_argument("--stack", default="dev", help="reads Pulumi.<stack>.yaml (default: dev)")
     parser.add_argument("--out", type=Path, help="write resources.json and one YAML per Kubernetes object here")
@@ -205,4 +210,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(errors.run(main))
+    sys.exit(main())

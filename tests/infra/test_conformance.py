@@ -15,7 +15,8 @@ import botocore.session
 import pytest
 
 from facts import catalog
-from infra import aws_rules, offline, plan
+from deploy import offline, plan
+from infra import aws_rules
 
 from . import aws_requests as ar
 from .conftest import BASE

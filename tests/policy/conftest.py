@@ -1,4 +1,4 @@
-"""The mocked program's resources as the policy pack sees them (infra.offline, no Pulumi CLI)."""
+"""The mocked program's resources as the policy pack sees them (deploy.offline, no Pulumi CLI)."""
 from __future__ import annotations
 
 import json
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from infra import offline
-from infra.plan import read_stack_file
+from deploy import offline
+from deploy.plan import read_stack_file
 from policy import rules
 
 REPO = Path(__file__).resolve().parents[2]

@@ -5,7 +5,7 @@ import copy
 
 import pytest
 
-from infra import offline
+from deploy import offline
 from policy import rules
 
 from .conftest import STACKS, Plan, evaluate, pack_config, plan_stack

@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 
 from facts import nodes
-from infra.config import ConfigError
+from deploy.config import ConfigError
 from workloads import charts
 
-from .conftest import stack_config
+from .conftest import settings, stack_config
 
 GPU_EFFECT = "NoSchedule"  # the node group's NO_SCHEDULE as Kubernetes spells it
 
@@ -17,7 +17,7 @@ def by_release(cfg):
 
 
 def test_charts_repositories_and_default_versions():
-    releases = by_release(stack_config("dev"))
+    releases = by_release(settings("dev"))
     assert {name: (r.chart, r.version, r.repository) for name, r in releases.items()} == {
         "nvidia-device-plugin": ("nvidia-device-plugin", "0.20.0", "https://nvidia.github.io/k8s-device-plugin"),
         "aws-efa-k8s-device-plugin": ("aws-efa-k8s-device-plugin", "v0.5.32", "https://aws.github.io/eks-charts"),
@@ -26,7 +26,7 @@ def test_charts_repositories_and_default_versions():
 
 
 def test_versions_follow_the_configuration():
-    cfg = stack_config("dev", kuberayVersion="1.6.2", nvidiaDevicePluginVersion="0.19.1",
+    cfg = settings("dev", kuberayVersion="1.6.2", nvidiaDevicePluginVersion="0.19.1",
                        efaDevicePluginVersion="v0.5.40")
     assert {r.release: r.version for r in charts.releases(cfg)} == {
         "nvidia-device-plugin": "0.19.1", "aws-efa-k8s-device-plugin": "v0.5.40", "kuberay-operator": "1.6.2"}
@@ -34,7 +34,7 @@ def test_versions_follow_the_configuration():
 
 @pytest.mark.parametrize("release", ["nvidia-device-plugin", "aws-efa-k8s-device-plugin"])
 def test_device_plugins_run_only_on_gpu_nodes_and_tolerate_their_taint(release):
-    chart = by_release(stack_config("dev"))[release]
+    chart = by_release(settings("dev"))[release]
     assert chart.runs_on == "gpu" and chart.namespace == "kube-system"
     assert chart.values["nodeSelector"] == nodes.GPU_LABELS
     matching = [t for t in chart.values["tolerations"]
@@ -44,7 +44,7 @@ def test_device_plugins_run_only_on_gpu_nodes_and_tolerate_their_taint(release):
 
 
 def test_operator_runs_on_the_system_node_behind_a_cluster_ip():
-    chart = by_release(stack_config("dev"))["kuberay-operator"]
+    chart = by_release(settings("dev"))["kuberay-operator"]
     assert chart.runs_on == "system" and chart.namespace == charts.OPERATOR_NAMESPACE
     assert chart.values["nodeSelector"] == nodes.SYSTEM_LABELS
     assert "tolerations" not in chart.values
@@ -52,7 +52,7 @@ def test_operator_runs_on_the_system_node_behind_a_cluster_ip():
 
 
 def test_values_are_fresh_copies():
-    cfg = stack_config("dev")
+    cfg = settings("dev")
     charts.nvidia_device_plugin(cfg).values["tolerations"][0]["value"] = "changed"
     charts.kuberay_operator(cfg).values["nodeSelector"]["role"] = "changed"
     assert nodes.GPU_TAINT.toleration()["value"] == "true" and nodes.SYSTEM_LABELS["role"] == "system"
@@ -72,17 +72,17 @@ ROLE = "arn:aws:iam::123456789012:role/ca"
 
 
 def test_cluster_autoscaler_chart_version_and_image_follow_the_configuration():
-    chart = charts.cluster_autoscaler(stack_config("dev", scaleToZero=True), role_arn=ROLE)
+    chart = charts.cluster_autoscaler(settings("dev", scaleToZero=True), role_arn=ROLE)
     assert (chart.chart, chart.version, chart.repository, chart.namespace, chart.runs_on) == (
         "cluster-autoscaler", "9.59.0", "https://kubernetes.github.io/autoscaler", "kube-system", "system")
     assert chart.values["image"] == {"repository": "registry.k8s.io/autoscaling/cluster-autoscaler", "tag": "v1.36.1"}
-    older = charts.cluster_autoscaler(stack_config("dev", scaleToZero=True, kubernetesVersion="1.35",
+    older = charts.cluster_autoscaler(settings("dev", scaleToZero=True, kubernetesVersion="1.35",
                                                    clusterAutoscalerVersion="9.54.0"), role_arn=ROLE)
     assert (older.version, older.values["image"]["tag"]) == ("9.54.0", "v1.35.2")
 
 
 def test_cluster_autoscaler_uses_its_own_irsa_role_and_runs_on_the_system_node():
-    cfg = stack_config("dev", scaleToZero=True, clusterName="lab")
+    cfg = settings("dev", scaleToZero=True, clusterName="lab")
     values = charts.cluster_autoscaler(cfg, role_arn=ROLE).values
     assert values["rbac"]["serviceAccount"] == {"create": True, "name": "cluster-autoscaler",
                                                 "annotations": {"eks.amazonaws.com/role-arn": ROLE}}
@@ -95,11 +95,11 @@ def test_cluster_autoscaler_uses_its_own_irsa_role_and_runs_on_the_system_node()
 
 
 def test_cluster_autoscaler_is_not_among_the_fixed_releases():
-    assert "cluster-autoscaler" not in by_release(stack_config("dev", scaleToZero=True))
+    assert "cluster-autoscaler" not in by_release(settings("dev", scaleToZero=True))
 
 
 def test_cluster_autoscaler_values_are_fresh_copies():
-    cfg = stack_config("dev", scaleToZero=True)
+    cfg = settings("dev", scaleToZero=True)
     values = charts.cluster_autoscaler(cfg, role_arn=ROLE).values
     values["nodeSelector"]["role"] = "changed"
     values["extraArgs"]["expander"] = "random"
@@ -116,7 +116,7 @@ def test_the_oldest_autoscaler_chart_follows_the_kubernetes_version(kubernetes, 
     assert f"raytrain-eks:clusterAutoscalerVersion: {too_old} is older than" in str(err.value) \
         or f"raytrain-eks:clusterAutoscalerVersion: chart {too_old} is older than {oldest_ok}" in str(err.value)
     assert "never scales" in str(err.value)
-    cfg = stack_config("dev", scaleToZero=True, kubernetesVersion=kubernetes, clusterAutoscalerVersion=oldest_ok)
+    cfg = settings("dev", scaleToZero=True, kubernetesVersion=kubernetes, clusterAutoscalerVersion=oldest_ok)
     assert charts.cluster_autoscaler(cfg, role_arn=ROLE).version == oldest_ok
 
 

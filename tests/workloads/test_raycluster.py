@@ -9,11 +9,11 @@ import pytest
 
 from facts import catalog, nodes
 from facts import ray as ray_facts
-from infra.config import ConfigError
+from deploy.config import ConfigError
 from workloads import raycluster
 from workloads.raycluster import ManifestError
 
-from .conftest import stack_config
+from .conftest import settings, stack_config
 
 IMAGE = "public.ecr.aws/deep-learning-containers/ray@sha256:" + "ab" * 32
 CHECKPOINTS = "s3://raytrain-ckpt-example"
@@ -21,7 +21,7 @@ EXPECTED_DEVICES = {"g6.12xlarge": (4, 1), "p5.48xlarge": (8, 32)}  # the issue'
 
 
 def build(stack="dev", **overrides):
-    return raycluster.manifest(stack_config(stack, **overrides), image=IMAGE, checkpoint_uri=CHECKPOINTS)
+    return raycluster.manifest(settings(stack, **overrides), image=IMAGE, checkpoint_uri=CHECKPOINTS)
 
 
 def head_of(manifest):
@@ -84,7 +84,7 @@ def test_strict_schema_catches_a_misplaced_field(strict_raycluster_schema, raycl
 
 
 def test_identity_version_auth_and_service_account():
-    cfg = stack_config("dev", rayVersion="2.55.0", rayNamespace="training")
+    cfg = settings("dev", rayVersion="2.55.0", rayNamespace="training")
     manifest = raycluster.manifest(cfg, image=IMAGE, checkpoint_uri=CHECKPOINTS)
     assert (manifest["apiVersion"], manifest["kind"]) == ("ray.io/v1", "RayCluster")
     assert manifest["metadata"]["name"] == cfg.ray_cluster_name
@@ -93,7 +93,7 @@ def test_identity_version_auth_and_service_account():
     assert manifest["spec"]["authOptions"] == {"mode": "token"}
     assert manifest["spec"]["enableInTreeAutoscaling"] is False
     for _, pod, container in (head_of(manifest), worker_of(manifest)):
-        assert pod["serviceAccountName"] == cfg.ray_service_account
+        assert pod["serviceAccountName"] == cfg.service_account == "ray-train"
         assert container["image"] == IMAGE
         assert "hostNetwork" not in pod and container["securityContext"]["privileged"] is False
 
@@ -133,8 +133,8 @@ def test_head_fits_the_system_node_beside_the_operator_and_coredns(system_type):
 
 @pytest.mark.parametrize("stack, gpu_type", [("dev", "g6.12xlarge"), ("p5", "p5.48xlarge")])
 def test_each_worker_claims_its_whole_node(stack, gpu_type):
-    cfg = stack_config(stack, gpuNodeCount=3)
-    assert cfg.gpu_node_type == gpu_type
+    cfg = settings(stack, gpuNodeCount=3)
+    assert cfg.worker_groups[0].instance.name == gpu_type
     group, pod, container = worker_of(raycluster.manifest(cfg, image=IMAGE, checkpoint_uri=CHECKPOINTS))
     assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 3
     gpus, efa = EXPECTED_DEVICES[gpu_type]
@@ -197,16 +197,16 @@ def test_worker_tolerates_exactly_the_gpu_node_taint():
 ])
 def test_refuses_an_image_not_pinned_by_digest(image):
     with pytest.raises(ManifestError, match=r"raytrain-eks:dlcImage: .*pinned by digest"):
-        raycluster.manifest(stack_config("dev"), image=image, checkpoint_uri=CHECKPOINTS)
+        raycluster.manifest(settings("dev"), image=image, checkpoint_uri=CHECKPOINTS)
 
 
 def test_refuses_local_checkpoint_storage():
     with pytest.raises(ManifestError, match="needs shared storage"):
-        raycluster.manifest(stack_config("dev"), image=IMAGE, checkpoint_uri="/tmp/checkpoints")
+        raycluster.manifest(settings("dev"), image=IMAGE, checkpoint_uri="/tmp/checkpoints")
 
 
 def test_is_pure():
-    cfg = stack_config("dev")
+    cfg = settings("dev")
     first = raycluster.manifest(cfg, image=IMAGE, checkpoint_uri=CHECKPOINTS)
     snapshot = copy.deepcopy(first)
     _, pod, _ = worker_of(first)
@@ -301,7 +301,7 @@ def test_head_and_autoscaler_sidecar_fit_beside_the_cluster_autoscaler(system_ty
     _, _, container = head_of(manifest)
     sidecar = manifest["spec"]["autoscalerOptions"]["resources"]
     assert sidecar["requests"] == sidecar["limits"]  # with the head's requests == limits: a Guaranteed pod
-    ca = charts.cluster_autoscaler(stack_config("dev", scaleToZero=True), role_arn="arn:x").values["resources"]["requests"]
+    ca = charts.cluster_autoscaler(settings("dev", scaleToZero=True), role_arn="arn:x").values["resources"]["requests"]
     millicores = lambda q: float(q[:-1]) / 1000 if q.endswith("m") else float(q)  # noqa: E731
     cpu = millicores(container["resources"]["requests"]["cpu"]) + millicores(sidecar["requests"]["cpu"]) \
         + millicores(ca["cpu"]) + SYSTEM_NODE_OTHERS[0]
@@ -313,7 +313,7 @@ def test_head_and_autoscaler_sidecar_fit_beside_the_cluster_autoscaler(system_ty
 
 
 def test_autoscaled_manifest_is_pure():
-    cfg = stack_config("dev", scaleToZero=True)
+    cfg = settings("dev", scaleToZero=True)
     first = raycluster.manifest(cfg, image=IMAGE, checkpoint_uri=CHECKPOINTS)
     snapshot = copy.deepcopy(first)
     first["spec"]["autoscalerOptions"]["resources"]["limits"]["cpu"] = "9"
@@ -403,7 +403,7 @@ def test_the_worker_group_digest_follows_the_worker_group_only():
     digest = first["metadata"]["annotations"][raycluster.WORKER_GROUP_DIGEST]
     assert digest == raycluster.worker_group_digest(first["spec"]) and len(digest) == 64
     assert autoscaled(gpuIdleTimeoutMinutes=30)["metadata"]["annotations"][raycluster.WORKER_GROUP_DIGEST] == digest
-    other_image = raycluster.manifest(stack_config("dev", scaleToZero=True), image=IMAGE.replace("ab", "cd"),
+    other_image = raycluster.manifest(settings("dev", scaleToZero=True), image=IMAGE.replace("ab", "cd"),
                                       checkpoint_uri=CHECKPOINTS)
     assert other_image["metadata"]["annotations"][raycluster.WORKER_GROUP_DIGEST] != digest
     assert autoscaled(gpuNodeCount=3)["metadata"]["annotations"][raycluster.WORKER_GROUP_DIGEST] != digest

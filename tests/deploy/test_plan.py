@@ -8,13 +8,13 @@ from pathlib import Path
 
 import yaml
 
-from infra import plan
+from deploy import plan
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_plan_command_prints_resources_cost_and_writes_files(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "infra.plan", "--stack", "dev", "--out", str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "deploy.plan", "--stack", "dev", "--out", str(tmp_path)],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "placeholders" in proc.stdout and "pulumi preview" in proc.stdout
@@ -44,7 +44,7 @@ def test_an_image_without_a_registry_host_is_a_config_error_not_a_traceback(tmp_
     stack = tmp_path / "Pulumi.img.yaml"
     stack.write_text(yaml.safe_dump({"config": {"aws:region": "us-east-1", "raytrain-eks:apiAccessCidrs": ["203.0.113.10/32"],
                                                 "raytrain-eks:dlcImage": "myregistry/ray:2.58"}}))
-    code = f"import sys; from infra import plan; plan.REPO_ROOT = __import__('pathlib').Path({str(tmp_path)!r}); sys.exit(plan.main(['--stack', 'img']))"
+    code = f"import sys; from deploy import plan; plan.REPO_ROOT = __import__('pathlib').Path({str(tmp_path)!r}); sys.exit(plan.main(['--stack', 'img']))"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr and proc.stdout == ""
@@ -65,8 +65,8 @@ def test_secure_values_are_not_read_as_plain_text(tmp_path):
 
 
 def test_pulumi_program_does_not_need_torch():
-    code = ("import sys, infra.program, infra.plan, infra.offline; "
-            "from infra import offline; offline.run({'aws:region': 'us-east-1', "
+    code = ("import sys, deploy.program, deploy.plan, deploy.offline; "
+            "from deploy import offline; offline.run({'aws:region': 'us-east-1', "
             "'raytrain-eks:apiAccessCidrs': ['203.0.113.10/32']}); "
             "bad = [m for m in ('torch', 'ray', 'transformers') if m in sys.modules]; "
             "assert not bad, bad")
