@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping
 from facts import catalog, images
 from facts import nodes as node_facts
 from facts import ray as ray_facts
-from facts.errors import ProblemsError
+from facts.errors import Problems, ProblemsError
 from infra import aws_provider, aws_rules
 from infra import node_pools as pools
 from infra.node_pools import NodePool
@@ -152,7 +152,7 @@ class Setting:
 
     name: str
     default: Any
-    parse: Callable[[str, Any, list[str]], Any]
+    parse: Callable[[str, Any, Problems], Any]
     help: str
     shown_default: str | None = None
 
@@ -643,7 +643,7 @@ def load(raw: Mapping[str, Any], *, stack: str, project: str = PROJECT) -> Stack
 
     Raises ConfigError listing every problem found.
     """
-    problems: list[str] = []
+    problems = Problems()
     prefix = f"{project}:"
     ours = {k[len(prefix):]: v for k, v in raw.items() if k.startswith(prefix)}
     for name in sorted(set(ours) - set(KEYS)):
@@ -696,9 +696,7 @@ def load(raw: Mapping[str, Any], *, stack: str, project: str = PROJECT) -> Stack
     _check_tag_count(values["tags"], aws_settings, prefix, problems)
     placeholders = _placeholders(values["apiAccessCidrs"], prefix)
 
-    if problems:
-        raise ConfigError(problems)
-
+    problems.raise_if_any(ConfigError)
     return StackConfig(
         project=project,
         stack=stack,
@@ -734,7 +732,7 @@ def load(raw: Mapping[str, Any], *, stack: str, project: str = PROJECT) -> Stack
 # --- node pools -------------------------------------------------------------------------------------
 
 def _shorthand_pools(values: dict[str, Any], ours: Mapping[str, Any], prefix: str,
-                     problems: list[str]) -> list[NodePool]:
+                     problems: Problems) -> list[NodePool]:
     """The two pools the shorthand keys describe, with the keys named in every message about them."""
     key = {name: f"{prefix}{name}" for name in (*SHORTHAND_KEYS, "availabilityZone")}
     system = _build_pool(pools.SYSTEM_POOL, {"instanceType": values["systemNodeType"],
@@ -755,7 +753,7 @@ def _shorthand_pools(values: dict[str, Any], ours: Mapping[str, Any], prefix: st
     return [p for p in (system, gpu) if p is not None]
 
 
-def _declared_pools(entries: Mapping[str, Mapping[str, Any]], prefix: str, problems: list[str]) -> list[NodePool]:
+def _declared_pools(entries: Mapping[str, Mapping[str, Any]], prefix: str, problems: Problems) -> list[NodePool]:
     found = []
     for name, entry in entries.items():
         given = {f: POOL_KEYS[f].parse(f"{prefix}nodePools.{name}.{f}", v, problems)
@@ -766,7 +764,7 @@ def _declared_pools(entries: Mapping[str, Mapping[str, Any]], prefix: str, probl
 
 
 def _build_pool(name: str, given: Mapping[str, Any], keys: Mapping[str, str], prefix: str,
-                problems: list[str]) -> NodePool | None:
+                problems: Problems) -> NodePool | None:
     """One pool from the settings given for it (a None value: given, but refused already); None when invalid."""
     def key(f: str) -> str:
         return keys.get(f, f"{prefix}nodePools.{name}.{f}")
@@ -851,7 +849,7 @@ def _build_pool(name: str, given: Mapping[str, Any], keys: Mapping[str, str], pr
         keys=MappingProxyType(dict(keys)))
 
 
-def _check_pools(node_pools: list[NodePool], declared: bool, prefix: str, problems: list[str]) -> None:
+def _check_pools(node_pools: list[NodePool], declared: bool, prefix: str, problems: Problems) -> None:
     """What only the pools together can break: the system pool, worker-group names, workers landing elsewhere."""
     by_name = {p.name: p for p in node_pools}
     system = by_name.get(pools.SYSTEM_POOL)
@@ -884,7 +882,7 @@ def _check_pools(node_pools: list[NodePool], declared: bool, prefix: str, proble
                                 f"{other.name} lacks (the default role: {pool.name}-worker does)")
 
 
-def _check_namespaces(raw: Mapping[str, Any], project: str, problems: list[str]) -> None:
+def _check_namespaces(raw: Mapping[str, Any], project: str, problems: Problems) -> None:
     """A key in a namespace nobody reads would be ignored, and the defaults deployed instead."""
     known = (project, *KNOWN_NAMESPACES)
     for key in sorted(raw):
@@ -900,7 +898,7 @@ def _check_namespaces(raw: Mapping[str, Any], project: str, problems: list[str])
 
 
 def _check_tag_count(tags: Mapping[str, str] | None, aws_settings: Mapping[str, Any], prefix: str,
-                     problems: list[str]) -> None:
+                     problems: Problems) -> None:
     """AWS allows 50 tags per resource; the program adds up to PROJECT_TAGS_PER_RESOURCE of its own."""
     default_tags = dict((aws_settings.get("defaultTags") or {}).get("tags") or {})
     for tag, value in default_tags.items():
@@ -927,7 +925,7 @@ def _placeholders(cidrs: tuple[str, ...] | None, prefix: str) -> tuple[str, ...]
 
 
 def _check_scale_to_zero(values: dict[str, Any], ours: Mapping[str, Any], scaled: bool, prefix: str,
-                         problems: list[str]) -> None:
+                         problems: Problems) -> None:
     """Settings that only mean something when a pool scales to zero, and the autoscaler's versions."""
     if values["scaleToZero"] is None:
         return

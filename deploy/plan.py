@@ -177,6 +177,8 @@ def plan(argv: list[str]) -> int:
     parser.add_argument("--stack", default="dev", help="reads Pulumi.<stack>.yaml (default: dev)")
     parser.add_argument("--out", type=Path, help="write resources.json and one YAML per Kubernetes object here")
     args = parser.parse_args(argv)
+    if args.out and args.out.exists() and not args.out.is_dir():
+        raise errors.UserError(f"--out {args.out}: a file, not a folder; name a folder (it is created if missing)")
     stack = stack_file.read(stack_path(args.stack))
     if problems := stack_file.secret_problems(stack, stack_config.PROJECT):
         raise StackFileError(stack.path, problems)
@@ -204,7 +206,11 @@ def plan(argv: list[str]) -> int:
         print(f"\nDLC image: {result.outputs[names.DLC_IMAGE]}\n  (placeholder digest: `pulumi preview` resolves the "
               "configured tag through the registry and keeps the digest in the stack state)")
     if args.out:
-        written = write_out(result, args.out)
+        try:
+            written = write_out(result, args.out)
+        except OSError as err:
+            raise errors.UserError(f"--out {args.out}: cannot write there ({err.strerror}); name a folder you can "
+                                   "write to") from None
         print(f"\nWrote {len(written)} files to {args.out}/ (resources.json, kubernetes/, helm/)")
     return 0
 

@@ -60,6 +60,10 @@ class Problems:
     def add(self, key: str, why: str, *, value: Any = _NO_VALUE, fix: str | None = None) -> None:
         self._items.append(Problem(key, why, value, fix))
 
+    def append(self, problem: Problem | str) -> None:
+        """A problem already written out as `key: what is wrong; the fix`."""
+        self._items.append(problem)
+
     def extend(self, problems: Iterable[Problem | str]) -> None:
         self._items.extend(problems)
 

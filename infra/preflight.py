@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_aws as aws
 
-from facts.errors import ProblemsError
+from facts.errors import Problems, ProblemsError
 from infra import aws_rules
 from infra.cost import VCPU_QUOTAS, vcpus_needed
 from infra.node_pools import NodePool
@@ -238,14 +238,15 @@ def survey(pools: tuple[NodePool, ...], *, region: str, gpu_zone: str | None, ad
     `gpu_zone` (availabilityZone) places the EFA pools that name no zone of their own; the first
     of them decides it when unset. `placeholders` are problems already known to the caller.
     """
-    problems = list(placeholders)
+    problems = Problems()
+    problems.extend(placeholders)
     zones = lookup_zones(invoke)
     chosen: dict[str, Zone] = {}
     first_gpu_zone: Zone | None = None
     for pool in (p for p in pools if p.single_zone):
         reservation = lookup_reservation(pool, invoke)
         if reservation:
-            problems += reservation_problems(pool, reservation)
+            problems.extend(reservation_problems(pool, reservation))
         offered = lookup_offered_zone_ids(pool.instance_type, invoke)
         if pool.availability_zone is not None:
             zone = choose_zone(pool, zones, offered, pool.availability_zone, pool.key("availabilityZone"),
@@ -263,11 +264,10 @@ def survey(pools: tuple[NodePool, ...], *, region: str, gpu_zone: str | None, ad
                                 f"{pool.instance_type}")
         chosen[pool.name] = zone
     caller = aws.get_caller_identity(opts=invoke).arn
-    problems += admin_problems(admin_role_arns, caller)
+    problems.extend(admin_problems(admin_role_arns, caller))
     needed = vcpus_needed(pools)
-    problems += quota_problems(needed, lookup_quotas(needed, invoke))
-    if problems:
-        raise PreflightError(problems)
+    problems.extend(quota_problems(needed, lookup_quotas(needed, invoke)))
+    problems.raise_if_any(PreflightError)
     gpu = first_gpu_zone or next(iter(chosen.values()), None) or choose_default(zones)
     return Site(gpu, network_zones(zones, [gpu, *chosen.values()]), caller, chosen)
 

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from deploy import plan
@@ -116,3 +117,27 @@ def test_a_reservation_plans_offline_as_if_it_matched(tmp_path, monkeypatch, cap
                 availabilityZone="us-east-1c")
     assert ("offline: capacity reservation cr-0123456789abcdef0 is assumed to hold 2 x g6.12xlarge in "
             "us-east-1c; `pulumi preview` reads the real one") in out
+
+
+@pytest.mark.parametrize("config, says", [
+    ({"raytrain-eks:nodePools": {"gpu": {"instanceType": "g6.12xlarge"}}}, "raytrain-eks:nodePools: no pool named system"),
+    ({"raytrain-eks:nodePools": "not a map"}, "raytrain-eks:nodePools: 'not a map' is not a dict"),
+    ({"raytrain-eks:dlcImage": "ray"}, "raytrain-eks:dlcImage: 'ray' names no registry"),
+    ({"raytrain-eks:gpuNodeCount": [1, 2]}, "raytrain-eks:gpuNodeCount: [1, 2] is not a whole number"),
+])
+def test_user_input_never_ends_in_a_traceback(tmp_path, config, says):
+    """The plan as a user runs it: exit 2, `error: ...` naming the key, nothing on stdout, no traceback."""
+    (tmp_path / "Pulumi.x.yaml").write_text(yaml.safe_dump({"config": {
+        "aws:region": "us-east-1", "raytrain-eks:apiAccessCidrs": ["203.0.113.10/32"], **config}}))
+    code = ("import pathlib, sys; from deploy import plan; "
+            f"plan.REPO_ROOT = pathlib.Path({str(tmp_path)!r}); sys.exit(plan.main(['--stack', 'x']))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
+    assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr and says in proc.stderr
+
+
+def test_an_out_that_is_a_file_is_refused_before_anything_runs(tmp_path, capsys):
+    (tmp_path / "taken").write_text("")
+    assert plan.main(["--stack", "dev", "--out", str(tmp_path / "taken")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "--out" in captured.err and "a file, not a folder" in captured.err

@@ -2,7 +2,6 @@
 and that the package needs nothing but the standard library."""
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
 import sysconfig
@@ -98,18 +97,7 @@ def test_gpu_families_and_quota_families():
     assert [catalog.quota_family(t) for t in ("p5.48xlarge", "g6.12xlarge", "m7i.xlarge")] == ["P", "G", "standard"]
 
 
-# --- standard library only ---------------------------------------------------------------------------
-
-def test_the_package_imports_only_the_standard_library_and_itself():
-    stdlib = set(sys.stdlib_module_names)
-    for path in (REPO / "facts").glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
-            for name in names:
-                top = name.split(".")[0]
-                assert top in stdlib or top in ("facts", "__future__"), f"{path.name} imports {name}"
-
+# --- standard library only (tests/test_layout.py reads the imports) ---------------------------------
 
 def test_it_runs_on_a_bare_interpreter():
     """As in a policy pack's or a job's environment: no site-packages at all."""
