@@ -61,12 +61,6 @@ def stack_path(stack: str, root: Path | None = None) -> Path:
     return path
 
 
-def read_stack_file(stack: str, root: Path | None = None) -> dict[str, Any]:
-    """The config: section of Pulumi.<stack>.yaml; secret values read as "[secret]"."""
-    parsed = stack_file.read(stack_path(stack, root))
-    return {**parsed.config, **{key: "[secret]" for key in parsed.secrets}}
-
-
 def _get(inputs: dict, dotted: str):
     value: Any = inputs
     for part in dotted.split("."):
@@ -153,7 +147,7 @@ def write_out(result: offline.PlanResult, out: Path) -> list[Path]:
     written[0].write_text(json.dumps({
         "notice": NOTICE,
         "resources": [{"type": r.type, "name": r.name, "inputs": offline.plain(r.inputs)} for r in result.resources],
-        "outputs": {k: ("[secret]" if k == "kubeconfig" else v) for k, v in result.outputs.items()},
+        "outputs": {k: ("[secret]" if k in names.SECRET else v) for k, v in result.outputs.items()},
     }, indent=2, sort_keys=True, default=str))
     for subdir, docs, name_of in (
         ("kubernetes", kubernetes_objects(result), lambda d: f"{d['kind'].lower()}-{d['metadata']['name']}"),

@@ -123,13 +123,6 @@ GP3_PER_GB_MONTH = 0.08  # https://aws.amazon.com/ebs/pricing/ (gp3 storage, us-
 NAT_GATEWAY_PER_GB = 0.045  # https://aws.amazon.com/vpc/pricing/ (data processed; S3 goes through the free gateway endpoint)
 LOG_INGESTION_PER_GB = 0.50  # https://aws.amazon.com/cloudwatch/pricing/ (standard logs ingested, us-east-1)
 LOG_STORAGE_PER_GB_MONTH = 0.03  # https://aws.amazon.com/cloudwatch/pricing/ (archived logs)
-PRICE_SOURCES = (
-    "https://aws.amazon.com/eks/pricing/",
-    "https://aws.amazon.com/vpc/pricing/",
-    "https://aws.amazon.com/ebs/pricing/",
-    "https://aws.amazon.com/cloudwatch/pricing/",
-    PRICING,
-)
 
 
 InstanceType = GpuInstanceType | CpuInstanceType

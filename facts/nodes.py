@@ -10,11 +10,7 @@ import re
 from dataclasses import dataclass
 
 ROLE = "role"
-SYSTEM_ROLE = "system"
-GPU_ROLE = "gpu-worker"
 GPU_PRESENT = "nvidia.com/gpu.present"  # the NVIDIA device plugin chart's default node affinity
-SYSTEM_LABELS = {ROLE: SYSTEM_ROLE}
-GPU_LABELS = {ROLE: GPU_ROLE, GPU_PRESENT: "true"}
 # Cluster Autoscaler's AWS provider reads this label to know a node has GPUs: until the device plugin
 # advertises them such a node counts as not ready, and once empty its utilization is its GPUs'.
 ACCELERATOR_LABEL = "k8s.amazonaws.com/accelerator"

@@ -6,7 +6,6 @@ from typing import Iterable
 from facts import catalog
 from infra.node_pools import NodePool
 
-FIXED_PARTS = ("controlPlane", "natGateway", "natPublicIpv4")
 NOT_PARTS = ("total", "idleTotal", "mode", "pricing")
 ON_DEMAND_LIST_PRICE = "On-Demand list price"
 # EC2 Service Quotas (service code ec2): running vCPUs per instance family and purchase option.

@@ -156,8 +156,9 @@ def auth_token_from_cluster(target: Target) -> str:
     for secret in secrets.get("items", []):
         owners = {(o.get("kind"), o.get("name")) for o in secret["metadata"].get("ownerReferences", [])}
         named = name and secret["metadata"]["name"] == name
-        if (named or ("RayCluster", target.raycluster) in owners) and "auth_token" in secret.get("data", {}):
-            return base64.b64decode(secret["data"]["auth_token"]).decode().strip()
+        data = secret.get("data", {})
+        if (named or ("RayCluster", target.raycluster) in owners) and ray_facts.AUTH_TOKEN_KEY in data:
+            return base64.b64decode(data[ray_facts.AUTH_TOKEN_KEY]).decode().strip()
     raise SubmitError(f"no Secret with an auth_token for RayCluster {target.raycluster} in namespace {target.namespace}; "
                       "is authOptions.mode token set? Or export RAY_AUTH_TOKEN yourself")
 

@@ -69,10 +69,6 @@ def parse(image: str) -> ImageReference:
         raise ImageResolutionError(f"{CONFIG_KEY}: {err}") from None
 
 
-def is_pinned(image: str) -> bool:
-    return images.is_pinned(image)
-
-
 def is_placeholder(image: str) -> bool:
     """True for references produced offline, under Pulumi mocks, not by a registry."""
     return str(image).endswith("@" + PLACEHOLDER_DIGEST)

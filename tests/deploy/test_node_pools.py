@@ -10,6 +10,7 @@ import pytest
 from deploy import offline, plan, program
 from deploy.config import ConfigError, load
 from infra import cost
+from tests.stacks import read_stack_file
 from policy import rules
 from tests.examples import readme_stack
 
@@ -58,7 +59,7 @@ def test_a_stack_written_before_node_pools_keeps_every_urn():
     variants = {"dev": ("dev", {}), "p5": ("p5", {}), "dev-s2z": ("dev", {"scaleToZero": True}),
                 "p5-block": ("p5", {"capacityType": "CAPACITY_BLOCK", "capacityReservationId": "cr-0123456789abcdef0"})}
     for variant, (stack, overrides) in variants.items():
-        raw = plan.read_stack_file(stack, REPO)
+        raw = read_stack_file(stack, REPO)
         raw.update({f"raytrain-eks:{k}": v for k, v in overrides.items()})
         result = offline.run(raw, stack=stack)
         claims: dict[str, str] = {}

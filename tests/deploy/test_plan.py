@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from deploy import plan
+from tests.stacks import read_stack_file
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -62,7 +63,7 @@ def test_unknown_stack_names_the_known_ones(capsys):
 
 def test_secure_values_are_not_read_as_plain_text(tmp_path):
     (tmp_path / "Pulumi.s.yaml").write_text(yaml.safe_dump({"config": {"raytrain-eks:x": {"secure": "AAAA"}}}))
-    assert plan.read_stack_file("s", tmp_path) == {"raytrain-eks:x": "[secret]"}
+    assert read_stack_file("s", tmp_path) == {"raytrain-eks:x": "[secret]"}
 
 
 def test_pulumi_program_does_not_need_torch():

@@ -23,7 +23,7 @@ def workloads(namespace: str, group: str) -> Workloads:
     return Workloads(project="p", region="us-east-1", cluster_name="c", namespace=namespace, ray_version="2.58.0",
                      kuberay_version="1.7.0", nvidia_device_plugin_version="0.20.0", efa_device_plugin_version="v0.5.32",
                      nccl_debug="INFO", head_instance=CPU_TYPES["m7i.xlarge"], system_node_selector={"role": "system"},
-                     gpu_node_selector=dict(nodes.GPU_LABELS), gpu_tolerations=(nodes.GPU_TAINT,),
+                     gpu_node_selector={"nvidia.com/gpu.present": "true"}, gpu_tolerations=(nodes.GPU_TAINT,),
                      worker_groups=(WorkerGroup(group, GPU_TYPES["g6.12xlarge"], 1, 1, {"role": group},
                                                 (nodes.GPU_TAINT,), efa=True),),
                      ray_cluster_name=f"ray-{namespace}")

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from deploy import offline
-from deploy.plan import read_stack_file
+from tests.stacks import read_stack_file
 from policy import rules
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from deploy import config, offline, plan, program
+from tests.stacks import read_stack_file
 from workloads.settings import Workloads
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 # --- stack configurations and runs -------------------------------------------------------------
 
 def stack_file(stack: str) -> dict:
-    return plan.read_stack_file(stack, REPO)
+    return read_stack_file(stack, REPO)
 
 
 def stack_config(stack: str, **overrides) -> config.StackConfig:

@@ -36,7 +36,7 @@ def test_versions_follow_the_configuration():
 def test_device_plugins_run_only_on_gpu_nodes_and_tolerate_their_taint(release):
     chart = by_release(settings("dev"))[release]
     assert chart.runs_on == "gpu" and chart.namespace == "kube-system"
-    assert chart.values["nodeSelector"] == nodes.GPU_LABELS
+    assert chart.values["nodeSelector"] == {"role": "gpu-worker", "nvidia.com/gpu.present": "true"}
     matching = [t for t in chart.values["tolerations"]
                 if t["key"] == nodes.GPU_TAINT.key and t.get("effect") == GPU_EFFECT
                 and (t["operator"] == "Exists" or t.get("value") == nodes.GPU_TAINT.value)]
@@ -46,7 +46,7 @@ def test_device_plugins_run_only_on_gpu_nodes_and_tolerate_their_taint(release):
 def test_operator_runs_on_the_system_node_behind_a_cluster_ip():
     chart = by_release(settings("dev"))["kuberay-operator"]
     assert chart.runs_on == "system" and chart.namespace == charts.OPERATOR_NAMESPACE
-    assert chart.values["nodeSelector"] == nodes.SYSTEM_LABELS
+    assert chart.values["nodeSelector"] == {"role": "system"}
     assert "tolerations" not in chart.values
     assert chart.values["service"]["type"] == "ClusterIP"
 
@@ -55,7 +55,7 @@ def test_values_are_fresh_copies():
     cfg = settings("dev")
     charts.nvidia_device_plugin(cfg).values["tolerations"][0]["value"] = "changed"
     charts.kuberay_operator(cfg).values["nodeSelector"]["role"] = "changed"
-    assert nodes.GPU_TAINT.toleration()["value"] == "true" and nodes.SYSTEM_LABELS["role"] == "system"
+    assert nodes.GPU_TAINT.toleration()["value"] == "true" and settings("dev").system_node_selector["role"] == "system"
 
 
 def test_a_kuberay_without_token_auth_is_refused():
@@ -89,7 +89,7 @@ def test_cluster_autoscaler_uses_its_own_irsa_role_and_runs_on_the_system_node()
     assert values["autoDiscovery"] == {"clusterName": "lab", "tags": [
         "k8s.io/cluster-autoscaler/enabled", "k8s.io/cluster-autoscaler/lab"]}
     assert values["awsRegion"] == cfg.region and values["cloudProvider"] == "aws"
-    assert values["nodeSelector"] == nodes.SYSTEM_LABELS and "tolerations" not in values
+    assert values["nodeSelector"] == {"role": "system"} and "tolerations" not in values
     assert values["service"]["type"] == "ClusterIP"
     assert values["resources"]["requests"]["memory"] == values["resources"]["limits"]["memory"]
 

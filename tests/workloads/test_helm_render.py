@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from deploy import config, offline
+from facts import images as image_references
 from tests import upstream
 from tests.examples import readme_stack
 from workloads import charts
@@ -269,4 +270,4 @@ def test_every_rendered_image_is_the_pinned_one_from_our_values(rendered):
         values = rendered.values[release]["image"]
         assert images(objects) == {f"{values['repository']}:{values['tag']}"}, release
         assert values["tag"].endswith("@" + pinning.PLACEHOLDER_DIGEST)  # the offline plan's digest
-        assert pinning.is_pinned(next(iter(images(objects))))
+        assert image_references.is_pinned(next(iter(images(objects))))

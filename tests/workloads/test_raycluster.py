@@ -100,7 +100,7 @@ def test_identity_version_auth_and_service_account():
 
 def test_head_runs_on_the_system_node_without_gpus():
     head, pod, container = head_of(build())
-    assert pod["nodeSelector"] == nodes.SYSTEM_LABELS
+    assert pod["nodeSelector"] == {"role": "system"}
     assert "tolerations" not in pod
     assert head["rayStartParams"]["num-gpus"] == "0"
     assert env_of(container)["NVIDIA_VISIBLE_DEVICES"] == "void"
@@ -212,7 +212,7 @@ def test_is_pure():
     _, pod, _ = worker_of(first)
     pod["tolerations"][0]["value"] = "changed"
     pod["nodeSelector"]["role"] = "changed"
-    assert nodes.GPU_TAINT.toleration()["value"] == "true" and nodes.GPU_LABELS["role"] == "gpu-worker"
+    assert nodes.GPU_TAINT.toleration()["value"] == "true" and settings("dev").worker_groups[0].node_selector["role"] == "gpu-worker"
     assert raycluster.manifest(cfg, image=IMAGE, checkpoint_uri=CHECKPOINTS) == snapshot
 
 

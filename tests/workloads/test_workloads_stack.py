@@ -12,6 +12,7 @@ from pulumi.runtime import rpc
 from deploy import offline
 from deploy import plan
 from infra.cost import hourly_cost
+from tests.stacks import read_stack_file
 from workloads import charts, image, raycluster
 
 from .conftest import run_stack, settings, stack_config
@@ -226,7 +227,7 @@ def test_a_configured_digest_is_used_as_is():
 
 
 def test_the_p5_stack_is_configuration_only():
-    dev, p5 = plan.read_stack_file("dev"), plan.read_stack_file("p5")
+    dev, p5 = read_stack_file("dev"), read_stack_file("p5")
     assert p5["raytrain-eks:gpuNodeType"] == "p5.48xlarge"
     changed = {k.split(":", 1)[1] for k in set(dev) | set(p5) if dev.get(k) != p5.get(k)}
     assert "gpuNodeType" in changed
