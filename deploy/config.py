@@ -445,7 +445,7 @@ def _taints(key, value, problems):
     for item in items:
         if isinstance(item, str):  # key=value:Effect, as kubectl taint writes it
             match = re.fullmatch(r"([^=:\s]+)=([^:\s]*):(\w+)", item.strip())
-            item = dict(zip(("key", "value", "effect"), match.groups())) if match else item
+            item = dict(zip(("key", "value", "effect"), match.groups(), strict=True)) if match else item
         if not isinstance(item, dict) or not item.get("key") or set(item) - {"key", "value", "effect"}:
             problems.append(f"{key}: {item!r} is not a taint; write {{key: K, value: V, effect: NoSchedule}} or "
                             "\"K=V:NoSchedule\"")

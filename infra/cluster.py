@@ -74,7 +74,8 @@ class EksCluster(pulumi.ComponentResource):
             enabled_cluster_log_types=CONTROL_PLANE_LOGS,
             upgrade_policy=aws.eks.ClusterUpgradePolicyArgs(support_type="STANDARD"),
             tags=tags,
-            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[*attachments, *network_ready, self.log_group])),
+            opts=pulumi.ResourceOptions.merge(
+                child, pulumi.ResourceOptions(depends_on=[*attachments, *network_ready, self.log_group])),
         )
 
         self.oidc_issuer = self.cluster.identities.apply(lambda ids: ids[0]["oidcs"][0]["issuer"])

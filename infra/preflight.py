@@ -190,7 +190,7 @@ def lookup_zones(invoke: pulumi.InvokeOptions) -> list[Zone]:
         state="available", filters=[aws.GetAvailabilityZonesFilterArgs(name="opt-in-status",
                                                                        values=["opt-in-not-required"])],
         opts=invoke)
-    return [Zone(name, zone_id) for name, zone_id in zip(result.names, result.zone_ids)]
+    return [Zone(name, zone_id) for name, zone_id in zip(result.names, result.zone_ids, strict=True)]
 
 
 def lookup_offered_zone_ids(instance_type: str, invoke: pulumi.InvokeOptions) -> set[str]:

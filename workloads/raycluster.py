@@ -21,7 +21,6 @@ import math
 from dataclasses import dataclass
 
 from facts import images, resources
-from facts import nodes as node_facts
 from facts import ray as ray_facts
 from facts.catalog import CpuInstanceType, InstanceType
 from workloads.settings import WorkerGroup, Workloads

@@ -1,6 +1,8 @@
 """Stack configuration: defaults, parsing of both value forms, and every bad input named."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from facts import catalog
@@ -42,7 +44,7 @@ def test_defaults_match_the_reference_deployment():
 
 def test_config_is_immutable():
     cfg = load(GOOD, stack="dev")
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.cluster_name = "other"  # type: ignore[misc]
     with pytest.raises(TypeError):
         cfg.tags["x"] = "y"  # type: ignore[index]

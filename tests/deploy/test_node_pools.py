@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy import offline, plan, program
+from deploy import offline, program
 from deploy.config import ConfigError, load
 from infra import cost
 from tests.stacks import read_stack_file

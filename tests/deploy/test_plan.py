@@ -46,7 +46,8 @@ def test_an_image_without_a_registry_host_is_a_config_error_not_a_traceback(tmp_
     stack = tmp_path / "Pulumi.img.yaml"
     stack.write_text(yaml.safe_dump({"config": {"aws:region": "us-east-1", "raytrain-eks:apiAccessCidrs": ["203.0.113.10/32"],
                                                 "raytrain-eks:dlcImage": "myregistry/ray:2.58"}}))
-    code = f"import sys; from deploy import plan; plan.REPO_ROOT = __import__('pathlib').Path({str(tmp_path)!r}); sys.exit(plan.main(['--stack', 'img']))"
+    code = ("import pathlib, sys; from deploy import plan; "
+            f"plan.REPO_ROOT = pathlib.Path({str(tmp_path)!r}); sys.exit(plan.main(['--stack', 'img']))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr and proc.stdout == ""

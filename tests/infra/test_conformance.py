@@ -15,7 +15,7 @@ import botocore.session
 import pytest
 
 from facts import catalog
-from deploy import offline, plan
+from deploy import offline
 from infra import aws_rules
 from tests.stacks import read_stack_file
 

@@ -38,7 +38,7 @@ class Plan:
     def stack_resources(self) -> list[rules.Resource]:
         """What AnalyzeStack sees: outputs, with the IDs the engine assigned."""
         return [rules.Resource(r.type, r.name, r.outputs, f"urn:pulumi:{self.stack}::raytrain-eks::{r.type}::{r.name}", rid)
-                for r, rid in zip(self.recorded, self.ids)]
+                for r, rid in zip(self.recorded, self.ids, strict=True)]
 
     def of_type(self, typ: str) -> list[offline.Recorded]:
         return [r for r in self.recorded if r.type == typ]

@@ -151,8 +151,8 @@ def test_configured_gpu_cap_applies_to_the_whole_mocked_program(analyzer, plans)
 
 
 def test_plain_unwraps_the_sdk_proxy_and_marks_unknowns():
-    from pulumi_policy.proxy import unknown_checking_proxy
+    from pulumi_policy.proxy import UnknownValueError, unknown_checking_proxy
     props = unknown_checking_proxy({"a": [1, {"b": UNKNOWN}], "c": "x"})
-    with pytest.raises(Exception):
+    with pytest.raises(UnknownValueError):
         props["a"][1]["b"]
     assert pack.plain(props) == {"a": [1, {"b": rules.UNKNOWN}], "c": "x"}

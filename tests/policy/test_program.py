@@ -114,7 +114,7 @@ def test_node_group_subnet_that_maps_public_ips(plans):
     plan = plans["dev"]
     (gpu,) = [r for r in plan.of_type(rules.NODE_GROUP) if r.name == "gpu-ng"]
     subnet_id = gpu.inputs["subnetIds"][0]
-    (name,) = [r.name for r, rid in zip(plan.recorded, plan.ids) if rid == subnet_id and r.type == rules.SUBNET]
+    (name,) = [r.name for r, rid in zip(plan.recorded, plan.ids, strict=True) if rid == subnet_id and r.type == rules.SUBNET]
     broken = flawed(plan, rules.SUBNET, name, lambda p: p.update(mapPublicIpOnLaunch=True))
     violations = only(evaluate(broken, pack_config("dev")), "nodes-in-private-subnets")
     # the GPU AZ's private subnet also carries the system nodes

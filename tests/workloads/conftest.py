@@ -6,13 +6,12 @@ import hashlib
 import http.server
 import threading
 import urllib.parse
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import yaml
 
-from deploy import config, offline, plan, program
+from deploy import config, offline, program
 from tests.stacks import read_stack_file
 from workloads.settings import Workloads
 

@@ -212,7 +212,8 @@ def test_is_pure():
     _, pod, _ = worker_of(first)
     pod["tolerations"][0]["value"] = "changed"
     pod["nodeSelector"]["role"] = "changed"
-    assert nodes.GPU_TAINT.toleration()["value"] == "true" and settings("dev").worker_groups[0].node_selector["role"] == "gpu-worker"
+    assert nodes.GPU_TAINT.toleration()["value"] == "true"
+    assert settings("dev").worker_groups[0].node_selector["role"] == "gpu-worker"
     assert raycluster.manifest(cfg, image=IMAGE, checkpoint_uri=CHECKPOINTS) == snapshot
 
 
