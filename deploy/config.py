@@ -222,50 +222,39 @@ def _structured(key, value, kind, problems, example):
     return value
 
 
-def _one_of(choices: tuple[str, ...]):
+def _text(problem: Callable[[str], str | None]):
+    """One string value, refused as `key: <why>` when `problem(text)` says why."""
     def parse(key, value, problems):
         text = _as_str(key, value, problems)
         if text is None:
             return None
-        if text not in choices:
-            problems.append(f"{key}: {text!r} is not supported; use one of {', '.join(choices)}")
+        if why := problem(text):
+            problems.append(f"{key}: {why}")
             return None
         return text
     return parse
+
+
+def _one_of(choices: tuple[str, ...]):
+    return _text(lambda text: None if text in choices else f"{text!r} is not supported; use one of {', '.join(choices)}")
 
 
 def _matching(pattern: re.Pattern, what: str):
-    def parse(key, value, problems):
-        text = _as_str(key, value, problems)
-        if text is None:
-            return None
-        if not pattern.match(text):
-            problems.append(f"{key}: {text!r} is not {what}")
-            return None
-        return text
-    return parse
+    return _text(lambda text: None if pattern.match(text) else f"{text!r} is not {what}")
 
 
-def _gpu_type(key, value, problems):
-    text = _as_str(key, value, problems)
-    if text is None:
-        return None
+def _gpu_type_problem(text: str) -> str | None:
     if text in catalog.GPU_TYPES:
-        return text
-    supported = ", ".join(catalog.GPU_TYPES)
+        return None
     why = "has no EFA network interface" if text in catalog.NON_EFA_GPU_TYPES else "is not in the instance catalog"
-    problems.append(f"{key}: {text!r} {why}; use one of the supported EFA GPU types: {supported}")
-    return None
+    return f"{text!r} {why}; use one of the supported EFA GPU types: {', '.join(catalog.GPU_TYPES)}"
 
 
-def _cpu_type(key, value, problems):
-    text = _as_str(key, value, problems)
-    if text is None:
-        return None
-    if text not in catalog.CPU_TYPES:
-        problems.append(f"{key}: {text!r} is not in the instance catalog; use one of {', '.join(catalog.CPU_TYPES)}")
-        return None
-    return text
+_gpu_type = _text(_gpu_type_problem)
+
+
+_cpu_type = _text(lambda text: None if text in catalog.CPU_TYPES else (
+    f"{text!r} is not in the instance catalog; use one of {', '.join(catalog.CPU_TYPES)}"))
 
 
 def _cidrs(key, value, problems):
@@ -360,25 +349,17 @@ def _ca_image_tag(key, value, problems):
     return text
 
 
-def _zone(key, value, problems):
-    text = _as_str(key, value, problems)
-    if text is None:
-        return None
-    if _ZONE_NAME.match(text) or _ZONE_ID.match(text):
-        return text
-    problems.append(f"{key}: {text!r} is neither an availability zone name such as us-east-1a nor a zone ID such "
-                    "as use1-az4 (`aws ec2 describe-availability-zones` lists both)")
-    return None
+_zone = _text(lambda text: None if _ZONE_NAME.match(text) or _ZONE_ID.match(text) else (
+    f"{text!r} is neither an availability zone name such as us-east-1a nor a zone ID such as use1-az4 "
+    "(`aws ec2 describe-availability-zones` lists both)"))
 
 
-def _bucket(key, value, problems):
-    text = _as_str(key, value, problems)
-    if text is None:
-        return None
-    if why := aws_rules.bucket_name_problem(text):
-        problems.append(f"{key}: {text!r} is not a valid S3 bucket name: it {why}; or unset it to get a generated name")
-        return None
-    return text
+def _bucket_problem(text: str) -> str | None:
+    why = aws_rules.bucket_name_problem(text)
+    return f"{text!r} is not a valid S3 bucket name: it {why}; or unset it to get a generated name" if why else None
+
+
+_bucket = _text(_bucket_problem)
 
 
 def _retention_days(key, value, problems):
@@ -401,27 +382,19 @@ def _dollars(key, value, problems):
     return number
 
 
-def _image(key, value, problems):
-    text = _as_str(key, value, problems)
-    if text is None:
-        return None
-    if why := images.problem(text):
-        problems.append(f"{key}: {why}")
-        return None
-    return text
+_image = _text(images.problem)
 
 
-def _instance_type(key, value, problems):
+def _instance_type_problem(text: str) -> str | None:
     """Any type of the instance catalog, GPU or CPU; the catalog is where a new type is added."""
-    text = _as_str(key, value, problems)
-    if text is None:
-        return None
     if catalog.instance_type(text):
-        return text
+        return None
     why = "has no EFA network interface" if text in catalog.NON_EFA_GPU_TYPES else "is not in the instance catalog"
-    problems.append(f"{key}: {text!r} {why}; use one of {', '.join([*catalog.GPU_TYPES, *catalog.CPU_TYPES])}, "
-                    "or add the type's row to facts/catalog.py")
-    return None
+    return (f"{text!r} {why}; use one of {', '.join([*catalog.GPU_TYPES, *catalog.CPU_TYPES])}, or add the type's row "
+            "to facts/catalog.py")
+
+
+_instance_type = _text(_instance_type_problem)
 
 
 def _labels(key, value, problems):
