@@ -11,7 +11,7 @@ from deploy import offline, program
 from deploy.config import ConfigError, load
 from infra import cost
 from tests.stacks import read_stack_file
-from policy import rules
+from policy import model, rules
 from tests.examples import readme_stack
 
 REPO = Path(__file__).resolve().parents[2]
@@ -129,7 +129,7 @@ def test_the_cost_has_one_part_per_pool(pools_run):
 
 
 def test_the_policy_pack_caps_the_gpu_nodes_of_every_gpu_pool(pools_run):
-    resources = [rules.Resource(r.type, r.name, r.outputs, f"urn:{r.name}", f"{r.name}-id") for r in pools_run.resources]
+    resources = [model.Resource(r.type, r.name, r.outputs, f"urn:{r.name}", f"{r.name}-id") for r in pools_run.resources]
     assert rules.BY_NAME["max-gpu-nodes"].check(resources, {"maxGpuNodes": 4}) == []  # gpu 2 + l40s 2, not data
     (violation,) = rules.BY_NAME["max-gpu-nodes"].check(resources, {"maxGpuNodes": 3})
     assert "can run 4 GPU nodes (" in violation.message
