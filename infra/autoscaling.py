@@ -1,127 +1,34 @@
-"""Scale-to-zero for the GPU nodes: what the Cluster Autoscaler must see, as plain data, and its IRSA role.
+"""Scale-to-zero on the AWS side: the Auto Scaling Group tags from which the Cluster Autoscaler learns a pool.
 
-With `scaleToZero` the KubeRay autoscaler adds a Ray GPU worker pod when a job asks for GPUs and
-removes it after `gpuIdleTimeoutMinutes` idle; the Cluster Autoscaler (CA) adds a GPU node for a
-Pending worker pod and removes a node that stayed empty for SCALE_DOWN_UNNEEDED_MINUTES. So an
-idle stack bills no GPU node.
+With a pool's `scaleToZero` the KubeRay autoscaler adds a Ray worker pod when a job asks for
+its resources and removes it after `gpuIdleTimeoutMinutes` idle; the Cluster Autoscaler (CA)
+adds a node for a Pending pod and removes a node that stays empty for a few minutes
+(workloads.charts). So an idle stack bills no node of such a pool.
 
 A node group at zero has no node CA could copy, so CA imagines one: instance type, CPU and memory
 from the launch template, labels and taints from eks:DescribeNodegroup, and everything else from
-node-template tags on the Auto Scaling Group. Extended resources (GPUs, EFA devices, huge pages)
-exist only there, and EKS does not copy node-group tags to its ASG, so they are set on the ASG
-itself (aws.autoscaling.Tag). Without them CA never scales a GPU group up from zero.
+node-template tags on the Auto Scaling Group (infra.node_pools.node_template). Extended resources
+(GPUs, EFA devices, huge pages) exist only there, and EKS does not copy node-group tags to its
+ASG, so they are set on the ASG itself (aws.autoscaling.Tag). Without them CA never scales a GPU
+group up from zero.
 """
 from __future__ import annotations
 
 import re
 
-import pulumi
-import pulumi_aws as aws
-
-from infra import iam, nodes
-from infra.catalog import GpuInstanceType
-from infra.config import StackConfig
-from infra.resources import children_options
-
-CA_NAMESPACE = "kube-system"
-CA_SERVICE_ACCOUNT = "cluster-autoscaler"
-DISCOVERY_PREFIX = "k8s.io/cluster-autoscaler"
-TEMPLATE_PREFIX = f"{DISCOVERY_PREFIX}/node-template"
-# The label CA's AWS provider reads to know a node has GPUs: until the device plugin advertises
-# them, such a node counts as not ready (no second scale-up for the same pod), and once empty its
-# utilization is its GPUs' (so it is removed even though daemon sets use some CPU).
-ACCELERATOR_LABEL = "k8s.amazonaws.com/accelerator"
-
-GPU_RESOURCE = "nvidia.com/gpu"
-EFA_RESOURCE = "vpc.amazonaws.com/efa"
-HUGEPAGES_RESOURCE = "hugepages-2Mi"
-
-SCALE_DOWN_UNNEEDED_MINUTES = 5  # CA default 10
-SCALE_DOWN_DELAY_AFTER_ADD_MINUTES = 5  # CA default 10: no scale-down at all for that long after a scale-up
-# CA owns the GPU group's size once it runs; Pulumi sets it only at creation. The engine wants the
-# schema (camelCase) path: "scaling_config.desired_size" is silently ignored (pulumi/pulumi#7081).
-GPU_SCALING_IGNORED = ("scalingConfig.desiredSize",)
+from facts.autoscaler import discovery_tags
+from facts.nodes import AUTOSCALER_PREFIX
+from infra import node_pools
+from infra.node_pools import NodePool
 
 
-def discovery_tags(cluster_name: str) -> dict[str, str]:
-    """What CA's --node-group-auto-discovery matches, and what its IAM policy's write condition requires."""
-    return {f"{DISCOVERY_PREFIX}/enabled": "true", f"{DISCOVERY_PREFIX}/{cluster_name}": "owned"}
-
-
-def accelerator(gpu: GpuInstanceType) -> str:
-    """NVIDIA L4 -> nvidia-l4"""
-    return re.sub(r"[^a-z0-9]+", "-", gpu.gpu_model.lower()).strip("-")
-
-
-def gpu_labels(cfg: StackConfig) -> dict[str, str]:
-    labels = dict(nodes.GPU_LABELS)
-    if cfg.scale_to_zero:
-        labels[ACCELERATOR_LABEL] = accelerator(cfg.gpu)
-    return labels
-
-
-def gpu_scaling(cfg: StackConfig) -> dict[str, int]:
-    """Fixed size, or 0..gpuNodeCount starting at 0 (CA then moves desired_size)."""
-    if cfg.scale_to_zero:
-        return {"min_size": 0, "max_size": cfg.gpu_node_count, "desired_size": 0}
-    return {"min_size": cfg.gpu_node_count, "max_size": cfg.gpu_node_count, "desired_size": cfg.gpu_node_count}
-
-
-def gpu_ignore_changes(cfg: StackConfig) -> list[str] | None:
-    return list(GPU_SCALING_IGNORED) if cfg.scale_to_zero else None
-
-
-def gpu_node_group_tags(cfg: StackConfig) -> dict[str, str]:
-    tags = dict(cfg.resource_tags)
-    if cfg.scale_to_zero:
-        tags.update(discovery_tags(cfg.cluster_name))
-    return tags
-
-
-def _effect(taint_effect: str) -> str:
-    return "".join(part.capitalize() for part in taint_effect.split("_"))
-
-
-def node_template_tags(cfg: StackConfig) -> dict[str, str]:
-    """What one GPU node of this group offers, as CA reads it from ASG tags when the group is at zero."""
-    gpu = cfg.gpu
-    resources = {GPU_RESOURCE: str(gpu.gpus)}
-    if gpu.efa:
-        resources[EFA_RESOURCE] = str(gpu.efa_interfaces)
-    if gpu.hugepages_2mi:
-        resources[HUGEPAGES_RESOURCE] = gpu.hugepages_2mi
-    tags = {f"{TEMPLATE_PREFIX}/resources/{name}": value for name, value in resources.items()}
-    tags.update({f"{TEMPLATE_PREFIX}/label/{key}": value for key, value in gpu_labels(cfg).items()})
-    taint = nodes.GPU_TAINT
-    tags[f"{TEMPLATE_PREFIX}/taint/{taint['key']}"] = f"{taint['value']}:{_effect(taint['effect'])}"
-    return tags
-
-
-def asg_tags(cfg: StackConfig) -> dict[str, str]:
-    """Tags for the GPU node group's Auto Scaling Group; none without scale-to-zero."""
-    if not cfg.scale_to_zero:
+def asg_tags(pool: NodePool, cluster_name: str) -> dict[str, str]:
+    """Tags for a pool's Auto Scaling Group; none unless it scales to zero."""
+    if not pool.scale_to_zero:
         return {}
-    return {**discovery_tags(cfg.cluster_name), **node_template_tags(cfg)}
+    return {**discovery_tags(cluster_name), **node_pools.node_template(pool)}
 
 
 def tag_resource_name(key: str) -> str:
     """k8s.io/cluster-autoscaler/node-template/resources/nvidia.com/gpu -> node-template-resources-nvidia-com-gpu"""
-    return re.sub(r"[^A-Za-z0-9]+", "-", key.removeprefix(f"{DISCOVERY_PREFIX}/")).strip("-").lower()
-
-
-class ClusterAutoscalerRole(pulumi.ComponentResource):
-    """IRSA role of the Cluster Autoscaler: trusted only by its service account in kube-system."""
-
-    def __init__(self, name: str, cfg: StackConfig, *, oidc_provider_arn, oidc_issuer_url,
-                 opts: pulumi.ResourceOptions | None = None):
-        super().__init__("raytrain:infra:ClusterAutoscalerRole", name, None, opts)
-        child = children_options(self, opts)
-        self.role = aws.iam.Role(
-            f"{name}-irsa",
-            assume_role_policy=pulumi.Output.all(oidc_provider_arn, oidc_issuer_url).apply(
-                lambda a: iam.irsa_trust(a[0], a[1], CA_NAMESPACE, CA_SERVICE_ACCOUNT)),
-            description=f"Cluster Autoscaler of {cfg.cluster_name}: resize its own node groups",
-            tags=cfg.resource_tags, opts=child)
-        self.policy = aws.iam.RolePolicy(f"{name}-irsa-scaling", role=self.role.id,
-                                         policy=iam.cluster_autoscaler_policy(cfg.cluster_name), opts=child)
-        self.register_outputs({"roleArn": self.role.arn})
+    return re.sub(r"[^A-Za-z0-9]+", "-", key.removeprefix(f"{AUTOSCALER_PREFIX}/")).strip("-").lower()

@@ -14,6 +14,8 @@ from functools import lru_cache
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from facts.errors import Problems
+
 # Static credentials in a stack file end up in version control and in every copy of the state.
 REFUSED = {
     "accessKey": "static credentials",
@@ -58,7 +60,7 @@ def python_name(setting: str) -> str:
     return {v: k for k, v in _types.input_type_py_to_pulumi_names(pulumi_aws.ProviderArgs).items()}[setting]
 
 
-def parse(raw: Mapping[str, Any], problems: list[str]) -> Mapping[str, Any]:
+def parse(raw: Mapping[str, Any], problems: Problems) -> Mapping[str, Any]:
     """The `aws:` settings of a stack as the provider takes them (camelCase -> value), region excluded."""
     known = settings()
     parsed: dict[str, Any] = {}
@@ -88,7 +90,7 @@ def parse(raw: Mapping[str, Any], problems: list[str]) -> Mapping[str, Any]:
     return MappingProxyType(parsed)
 
 
-def _value(key: str, kind: str, value: Any, problems: list[str]) -> Any:
+def _value(key: str, kind: str, value: Any, problems: Problems) -> Any:
     if isinstance(value, str) and kind != "str":
         try:
             value = json.loads(value)

@@ -7,7 +7,6 @@ import pulumi
 import pulumi_aws as aws
 
 from infra import iam
-from infra.config import StackConfig
 from infra.resources import children_options
 
 CONTROL_PLANE_LOGS = ["api", "audit", "authenticator"]
@@ -39,11 +38,12 @@ def kubeconfig(cluster_name: str, endpoint: str, ca_data: str, region: str) -> s
 class EksCluster(pulumi.ComponentResource):
     """Control plane with API authentication mode, restricted public endpoint and IRSA."""
 
-    def __init__(self, name: str, cfg: StackConfig, *, subnet_ids: list[pulumi.Input[str]],
-                 network_ready: list[pulumi.Resource], opts: pulumi.ResourceOptions | None = None):
+    def __init__(self, name: str, *, cluster_name: str, kubernetes_version: str, region: str,
+                 api_access_cidrs: tuple[str, ...], admin_role_arns: tuple[str, ...], log_retention_days: int,
+                 subnet_ids: list[pulumi.Input[str]], network_ready: list[pulumi.Resource], tags: dict[str, str],
+                 opts: pulumi.ResourceOptions | None = None):
         super().__init__("raytrain:infra:EksCluster", name, None, opts)
         child = children_options(self, opts)
-        tags = cfg.resource_tags
 
         role = aws.iam.Role(f"{name}-cluster-role", assume_role_policy=iam.service_trust("eks.amazonaws.com"),
                             tags=tags, opts=child)
@@ -53,18 +53,18 @@ class EksCluster(pulumi.ComponentResource):
         # EKS would create /aws/eks/<name>/cluster itself, with no retention and outliving `destroy`;
         # created here first, the program owns it.
         self.log_group = aws.cloudwatch.LogGroup(
-            f"{name}-logs", name=f"/aws/eks/{cfg.cluster_name}/cluster",
-            retention_in_days=cfg.control_plane_log_retention_days, tags=tags, opts=child)
+            f"{name}-logs", name=f"/aws/eks/{cluster_name}/cluster",
+            retention_in_days=log_retention_days, tags=tags, opts=child)
         self.cluster = aws.eks.Cluster(
             f"{name}-eks",
-            name=cfg.cluster_name,
-            version=cfg.kubernetes_version,
+            name=cluster_name,
+            version=kubernetes_version,
             role_arn=role.arn,
             vpc_config=aws.eks.ClusterVpcConfigArgs(
                 subnet_ids=subnet_ids,
                 endpoint_private_access=True,
                 endpoint_public_access=True,
-                public_access_cidrs=list(cfg.api_access_cidrs),
+                public_access_cidrs=list(api_access_cidrs),
             ),
             access_config=aws.eks.ClusterAccessConfigArgs(
                 authentication_mode="API",
@@ -74,7 +74,8 @@ class EksCluster(pulumi.ComponentResource):
             enabled_cluster_log_types=CONTROL_PLANE_LOGS,
             upgrade_policy=aws.eks.ClusterUpgradePolicyArgs(support_type="STANDARD"),
             tags=tags,
-            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[*attachments, *network_ready, self.log_group])),
+            opts=pulumi.ResourceOptions.merge(
+                child, pulumi.ResourceOptions(depends_on=[*attachments, *network_ready, self.log_group])),
         )
 
         self.oidc_issuer = self.cluster.identities.apply(lambda ids: ids[0]["oidcs"][0]["issuer"])
@@ -90,7 +91,7 @@ class EksCluster(pulumi.ComponentResource):
             for addon in EARLY_ADDONS
         ]
 
-        for i, principal in enumerate(cfg.admin_role_arns):
+        for i, principal in enumerate(admin_role_arns):
             entry = aws.eks.AccessEntry(f"{name}-admin-{i}", cluster_name=self.cluster.name,
                                         principal_arn=principal, type="STANDARD", tags=tags, opts=child)
             aws.eks.AccessPolicyAssociation(
@@ -107,7 +108,7 @@ class EksCluster(pulumi.ComponentResource):
         self.security_group_id = self.cluster.vpc_config.cluster_security_group_id
         self.kubeconfig = pulumi.Output.secret(pulumi.Output.all(
             self.cluster.name, self.cluster.endpoint, self.cluster.certificate_authority.data,
-        ).apply(lambda a: kubeconfig(a[0], a[1], a[2], cfg.region)))
+        ).apply(lambda a: kubeconfig(a[0], a[1], a[2], region)))
         self.register_outputs({"clusterName": self.cluster.name})
 
     def late_addons(self, *, depends_on: list[pulumi.Resource]) -> list[aws.eks.Addon]:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+from facts.autoscaler import discovery_tags
+
 EKS_CLUSTER_POLICIES = ("arn:aws:iam::aws:policy/AmazonEKSClusterPolicy",)
 # What a node needs and nothing more: join the cluster, run the VPC CNI, pull images,
 # and be reachable through SSM Session Manager instead of SSH keys.
@@ -88,9 +90,7 @@ def cluster_autoscaler_policy(cluster_name: str) -> str:
              "Action": ["autoscaling:SetDesiredCapacity", "autoscaling:TerminateInstanceInAutoScalingGroup"],
              "Resource": "arn:aws:autoscaling:*:*:autoScalingGroup:*:autoScalingGroupName/*",
              "Condition": {"StringEquals": {
-                 f"aws:ResourceTag/k8s.io/cluster-autoscaler/{cluster_name}": "owned",
-                 "aws:ResourceTag/k8s.io/cluster-autoscaler/enabled": "true",
-             }}},
+                 f"aws:ResourceTag/{key}": value for key, value in reversed(discovery_tags(cluster_name).items())}}},
         ],
     })
 

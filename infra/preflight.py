@@ -9,29 +9,27 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_aws as aws
 
+from facts.errors import Problems, ProblemsError
 from infra import aws_rules
-from infra.config import StackConfig
 from infra.cost import VCPU_QUOTAS, vcpus_needed
+from infra.node_pools import NodePool
 
 KEY = "raytrain-eks:"
 
 
-class PreflightError(pulumi.RunError):
+class PreflightError(ProblemsError, pulumi.RunError):
     """The account cannot host the stack as configured. A RunError: Pulumi prints it without a traceback."""
 
-    def __init__(self, problems: list[str]):
-        self.problems = list(problems)
-        lines = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(f"the stack cannot be deployed as configured ({len(self.problems)} problem(s)):\n{lines}")
+    title = "the stack cannot be deployed as configured"
 
 
 class PlacementError(PreflightError):
-    """The region cannot host the configured GPU type where asked."""
+    """The region cannot host a node pool where asked."""
 
     def __init__(self, problem: str):
         super().__init__([problem])
@@ -64,11 +62,12 @@ class Reservation:
 
 @dataclass(frozen=True)
 class Site:
-    """Where the stack goes: the GPU zone first, then the other zones the network spans."""
+    """Where the stack goes: the GPU zone first, then the other zones the network spans; each pool's zone."""
 
     gpu_zone: Zone
     zones: tuple[Zone, ...]
     caller_arn: str
+    pool_zones: dict[str, Zone] = field(default_factory=dict)  # pools in one zone (EFA, or pinned)
 
     @property
     def control_plane_zones(self) -> tuple[Zone, ...]:
@@ -81,48 +80,47 @@ def find_zone(zones: list[Zone], wanted: str) -> Zone | None:
     return next((z for z in zones if wanted in (z.name, z.zone_id)), None)
 
 
-def choose_gpu_zone(cfg: StackConfig, zones: list[Zone], offered_ids: set[str],
-                    reservation: Reservation | None) -> Zone:
-    """The reservation's zone, else the configured one, else the first zone offering the GPU type.
+def choose_zone(pool: NodePool, zones: list[Zone], offered_ids: set[str], wanted: str | None, wanted_key: str,
+                reservation: Reservation | None, region: str) -> Zone:
+    """The configured zone, else the reservation's, else the first zone offering the pool's type.
 
-    A zone EKS refuses for control-plane subnets is never picked automatically; asked for, it is used
-    for the GPU nodes only and the control plane gets two other zones.
+    A zone EKS refuses for control-plane subnets is never picked automatically; asked for, it holds
+    nodes only and the control plane gets two other zones.
     """
     offered = [z for z in zones if z.zone_id in offered_ids]
     if not offered:
-        raise PlacementError(f"{KEY}gpuNodeType: {cfg.gpu_node_type} is not offered in any availability zone of "
-                             f"{cfg.region}; pick another region (aws:region) or GPU type")
-    wanted = cfg.availability_zone
+        raise PlacementError(f"{pool.key('instanceType')}: {pool.instance_type} is not offered in any availability "
+                             f"zone of {region}; pick another region (aws:region) or instance type")
     if wanted is not None:
         zone = find_zone(zones, wanted)
         if zone is None:
-            raise PlacementError(f"{KEY}availabilityZone: {wanted} is not an available zone of {cfg.region} in this "
+            raise PlacementError(f"{wanted_key}: {wanted} is not an available zone of {region} in this "
                                  f"account; use one of {', '.join(map(str, zones))} or unset it")
         if zone not in offered:
-            raise PlacementError(f"{KEY}availabilityZone: {wanted} does not offer {cfg.gpu_node_type}; use one of "
+            raise PlacementError(f"{wanted_key}: {wanted} does not offer {pool.instance_type}; use one of "
                                  f"{', '.join(z.name for z in offered)} or unset it")
         if reservation and reservation.zone not in (zone.name, zone.zone_id):
             raise PlacementError(
-                f"{KEY}availabilityZone: {zone} is not the zone of {reservation.kind} {reservation.id} "
-                f"({reservation.zone}); set availabilityZone to {reservation.zone} or unset it")
+                f"{wanted_key}: {zone} is not the zone of {reservation.kind} {reservation.id} "
+                f"({reservation.zone}); set it to {reservation.zone} or unset it")
         return zone
     if reservation:
         zone = find_zone(zones, reservation.zone)
         if zone is None:
-            raise PlacementError(f"{KEY}capacityReservationId: {reservation.id} is in {reservation.zone}, which is not "
-                                 f"an available zone of {cfg.region} (aws:region)")
+            raise PlacementError(f"{pool.key('capacityReservationId')}: {reservation.id} is in {reservation.zone}, "
+                                 f"which is not an available zone of {region} (aws:region)")
         return zone
     preferred = [z for z in offered if not z.refused_for_control_plane] or offered
     return sorted(preferred, key=lambda z: z.name)[0]
 
 
-def network_zones(zones: list[Zone], gpu: Zone, control_plane: int = 2) -> tuple[Zone, ...]:
-    """The GPU zone first, then enough others that `control_plane` zones EKS accepts are among them."""
-    chosen = [gpu]
+def network_zones(zones: list[Zone], first: list[Zone], control_plane: int = 2) -> tuple[Zone, ...]:
+    """The pools' zones first (the GPU zone leading), then enough others that `control_plane` zones EKS accepts are among them."""
+    chosen = list(dict.fromkeys(first))
     for zone in sorted(zones, key=lambda z: z.name):
         if sum(not z.refused_for_control_plane for z in chosen) >= control_plane:
             break
-        if zone != gpu and not zone.refused_for_control_plane:
+        if zone not in chosen and not zone.refused_for_control_plane:
             chosen.append(zone)
     if sum(not z.refused_for_control_plane for z in chosen) < control_plane:
         raise PlacementError(f"aws:region: EKS needs control-plane subnets in {control_plane} zones it accepts; this "
@@ -131,23 +129,22 @@ def network_zones(zones: list[Zone], gpu: Zone, control_plane: int = 2) -> tuple
     return tuple(chosen)
 
 
-def reservation_problems(cfg: StackConfig, reservation: Reservation) -> list[str]:
-    """A reservation must hold the configured type, enough instances, for Linux, and be usable now."""
-    key, problems = f"{KEY}capacityReservationId", []
-    if reservation.instance_type != cfg.gpu_node_type:
+def reservation_problems(pool: NodePool, reservation: Reservation) -> list[str]:
+    """A reservation must hold the pool's type, enough instances, for Linux, and be usable now."""
+    key, problems = pool.key("capacityReservationId"), []
+    if reservation.instance_type != pool.instance_type:
         problems.append(f"{key}: {reservation.kind} {reservation.id} holds {reservation.instance_type}, but "
-                        f"{KEY}gpuNodeType is {cfg.gpu_node_type}; set gpuNodeType to {reservation.instance_type} "
+                        f"{pool.key('instanceType')} is {pool.instance_type}; set it to {reservation.instance_type} "
                         "or use a reservation for it")
-    if reservation.instance_count < cfg.gpu_node_count:
+    if reservation.instance_count < pool.max_size:
         problems.append(f"{key}: {reservation.kind} {reservation.id} holds {reservation.instance_count} instance(s), "
-                        f"fewer than {KEY}gpuNodeCount {cfg.gpu_node_count}; lower gpuNodeCount or enlarge the "
-                        "reservation")
+                        f"fewer than {pool.key('maxSize')} {pool.max_size}; lower it or enlarge the reservation")
     if not reservation.platform.startswith("Linux/UNIX"):
         problems.append(f"{key}: {reservation.kind} {reservation.id} is for {reservation.platform}; the EKS AL2023 "
                         "nodes need a Linux/UNIX reservation")
     if reservation.state != "active":
         when = f" (it starts {reservation.start})" if reservation.start else ""
-        problems.append(f"{key}: {reservation.kind} {reservation.id} is {reservation.state}{when}; the GPU node "
+        problems.append(f"{key}: {reservation.kind} {reservation.id} is {reservation.state}{when}; the node "
                         "group can only launch into an active one: run `pulumi up` once it is active")
     return problems
 
@@ -163,25 +160,26 @@ def principal(arn: str) -> tuple[str, str, str] | None:
     return account, kind, rest.split("/")[-1]
 
 
-def admin_problems(cfg: StackConfig, caller_arn: str) -> list[str]:
+def admin_problems(admin_role_arns: tuple[str, ...], caller_arn: str) -> list[str]:
     """The deployer already gets an access entry as cluster creator; a second one fails CreateAccessEntry."""
     me = principal(caller_arn)
     return [f"{KEY}adminRoleArns: {arn} is the identity running Pulumi ({caller_arn}), which EKS already makes "
             "cluster admin as the cluster creator; a second access entry for it fails CreateAccessEntry after the "
             "cluster exists. Remove it from the list"
-            for arn in cfg.admin_role_arns if me is not None and principal(arn) == me]
+            for arn in admin_role_arns if me is not None and principal(arn) == me]
 
 
-def quota_problems(needed: dict[tuple[str, str], int], quotas: dict[tuple[str, str], float]) -> list[str]:
+def quota_problems(needed: dict[tuple[str, str], tuple[int, NodePool]],
+                   quotas: dict[tuple[str, str], float]) -> list[str]:
     problems = []
-    for family, vcpus in needed.items():
+    for family, (vcpus, pool) in needed.items():
         code, name = VCPU_QUOTAS[family]
         if family in quotas and quotas[family] < vcpus:
             problems.append(
-                f"{KEY}gpuNodeCount: the stack runs {vcpus} vCPUs of \"{name}\" but the account's quota ({code}) is "
+                f"{pool.key('maxSize')}: the stack runs {vcpus} vCPUs of \"{name}\" but the account's quota ({code}) is "
                 f"{quotas[family]:.0f}; node groups would fail to launch after the cluster exists. Request an "
                 f"increase: `aws service-quotas request-service-quota-increase --service-code ec2 --quota-code {code} "
-                f"--desired-value {vcpus}`, or lower gpuNodeCount")
+                f"--desired-value {vcpus}`, or lower it")
     return problems
 
 
@@ -192,7 +190,7 @@ def lookup_zones(invoke: pulumi.InvokeOptions) -> list[Zone]:
         state="available", filters=[aws.GetAvailabilityZonesFilterArgs(name="opt-in-status",
                                                                        values=["opt-in-not-required"])],
         opts=invoke)
-    return [Zone(name, zone_id) for name, zone_id in zip(result.names, result.zone_ids)]
+    return [Zone(name, zone_id) for name, zone_id in zip(result.names, result.zone_ids, strict=True)]
 
 
 def lookup_offered_zone_ids(instance_type: str, invoke: pulumi.InvokeOptions) -> set[str]:
@@ -203,11 +201,11 @@ def lookup_offered_zone_ids(instance_type: str, invoke: pulumi.InvokeOptions) ->
     return set(result.locations)
 
 
-def lookup_reservation(cfg: StackConfig, invoke: pulumi.InvokeOptions) -> Reservation | None:
-    rid = cfg.capacity_reservation_id
+def lookup_reservation(pool: NodePool, invoke: pulumi.InvokeOptions) -> Reservation | None:
+    rid = pool.capacity_reservation_id
     if rid is None:
         return None
-    if cfg.capacity_type == "CAPACITY_BLOCK":
+    if pool.capacity_type == "CAPACITY_BLOCK":
         block = aws.ec2.get_capacity_block_reservation(id=rid, opts=invoke)
         return Reservation(rid, "Capacity Block", block.availability_zone, block.instance_type,
                            int(block.instance_count), block.state, block.instance_platform or "Linux/UNIX",
@@ -220,10 +218,10 @@ def lookup_reservation(cfg: StackConfig, invoke: pulumi.InvokeOptions) -> Reserv
                        found.get("State", "active"), found.get("InstancePlatform", "Linux/UNIX"))
 
 
-def lookup_quotas(needed: dict[tuple[str, str], int], invoke: pulumi.InvokeOptions) -> dict[tuple[str, str], float]:
+def lookup_quotas(families, invoke: pulumi.InvokeOptions) -> dict[tuple[str, str], float]:
     """The account's vCPU quotas; one that cannot be read (no servicequotas:GetServiceQuota) is skipped."""
     quotas = {}
-    for family in needed:
+    for family in families:
         code, name = VCPU_QUOTAS[family]
         try:
             quotas[family] = float(aws.servicequotas.get_service_quota(service_code="ec2", quota_code=code,
@@ -233,18 +231,48 @@ def lookup_quotas(needed: dict[tuple[str, str], int], invoke: pulumi.InvokeOptio
     return quotas
 
 
-def survey(cfg: StackConfig, invoke: pulumi.InvokeOptions, *, reaches_aws: bool) -> Site:
-    """Every lookup and check; raises PreflightError naming each problem and its fix."""
-    problems = list(cfg.placeholders) if reaches_aws else []
+def survey(pools: tuple[NodePool, ...], *, region: str, gpu_zone: str | None, admin_role_arns: tuple[str, ...],
+           placeholders: tuple[str, ...], invoke: pulumi.InvokeOptions) -> Site:
+    """Every lookup and check; raises PreflightError naming each problem and its fix.
+
+    `gpu_zone` (availabilityZone) places the EFA pools that name no zone of their own; the first
+    of them decides it when unset. `placeholders` are problems already known to the caller.
+    """
+    problems = Problems()
+    problems.extend(placeholders)
     zones = lookup_zones(invoke)
-    reservation = lookup_reservation(cfg, invoke)
-    if reservation:
-        problems += reservation_problems(cfg, reservation)
-    gpu = choose_gpu_zone(cfg, zones, lookup_offered_zone_ids(cfg.gpu_node_type, invoke), reservation)
+    chosen: dict[str, Zone] = {}
+    first_gpu_zone: Zone | None = None
+    for pool in (p for p in pools if p.single_zone):
+        reservation = lookup_reservation(pool, invoke)
+        if reservation:
+            problems.extend(reservation_problems(pool, reservation))
+        offered = lookup_offered_zone_ids(pool.instance_type, invoke)
+        if pool.availability_zone is not None:
+            zone = choose_zone(pool, zones, offered, pool.availability_zone, pool.key("availabilityZone"),
+                               reservation, region)
+        elif first_gpu_zone is None:
+            zone = first_gpu_zone = choose_zone(pool, zones, offered, gpu_zone, f"{KEY}availabilityZone",
+                                                reservation, region)
+        else:  # the GPU zone the first EFA pool decided
+            zone = first_gpu_zone
+            if zone.zone_id not in offered or (reservation and reservation.zone not in (zone.name, zone.zone_id)):
+                where = f"{reservation.kind} {reservation.id} is in {reservation.zone}" if reservation else (
+                    f"{zone.name} does not offer {pool.instance_type}")
+                problems.append(f"{pool.key('availabilityZone')}: not set, so the pool goes to the GPU zone {zone} "
+                                f"with the other EFA pools, but {where}; set it to a zone that offers "
+                                f"{pool.instance_type}")
+        chosen[pool.name] = zone
     caller = aws.get_caller_identity(opts=invoke).arn
-    problems += admin_problems(cfg, caller)
-    needed = vcpus_needed(cfg)
-    problems += quota_problems(needed, lookup_quotas(needed, invoke))
-    if problems:
-        raise PreflightError(problems)
-    return Site(gpu, network_zones(zones, gpu), caller)
+    problems.extend(admin_problems(admin_role_arns, caller))
+    needed = vcpus_needed(pools)
+    problems.extend(quota_problems(needed, lookup_quotas(needed, invoke)))
+    problems.raise_if_any(PreflightError)
+    gpu = first_gpu_zone or next(iter(chosen.values()), None) or choose_default(zones)
+    return Site(gpu, network_zones(zones, [gpu, *chosen.values()]), caller, chosen)
+
+
+def choose_default(zones: list[Zone]) -> Zone:
+    """A stack with no single-zone pool: the first zone EKS accepts for its control plane leads the network."""
+    accepted = sorted((z for z in zones if not z.refused_for_control_plane), key=lambda z: z.name)
+    return (accepted or sorted(zones, key=lambda z: z.name))[0]

@@ -1,31 +1,29 @@
-"""The checkpoint bucket and the IRSA role through which Ray pods reach it."""
+"""The checkpoint bucket: versioned, encrypted, private, old versions expired."""
 from __future__ import annotations
 
 import pulumi
 import pulumi_aws as aws
 
-from infra import aws_rules, iam
-from infra.config import StackConfig
+from infra import iam
 from infra.resources import children_options
 
 ABORT_INCOMPLETE_UPLOADS_DAYS = 7
 
 
 class CheckpointStore(pulumi.ComponentResource):
-    """Versioned, encrypted, private bucket; protected from destroy unless the stack opts out."""
+    """Protected from destroy while `retain` (the bucket and its checkpoints outlive the stack)."""
 
-    def __init__(self, name: str, cfg: StackConfig, *, oidc_provider_arn, oidc_issuer_url,
+    def __init__(self, name: str, *, bucket: str | None, bucket_prefix: str, retain: bool,
+                 noncurrent_version_expiration_days: int, tags: dict[str, str],
                  opts: pulumi.ResourceOptions | None = None):
+        """`bucket` names the bucket; without it, a name is generated from `bucket_prefix`."""
         super().__init__("raytrain:infra:CheckpointStore", name, None, opts)
         child = children_options(self, opts)
-        tags = cfg.resource_tags
-        keep = cfg.retain_checkpoints_on_destroy
 
-        bucket_args = {"bucket": cfg.checkpoint_bucket} if cfg.checkpoint_bucket else {
-            "bucket_prefix": aws_rules.bucket_prefix(cfg.cluster_name)}
+        bucket_args = {"bucket": bucket} if bucket else {"bucket_prefix": bucket_prefix}
         self.bucket = aws.s3.Bucket(
-            f"{name}-bucket", force_destroy=not keep, tags=tags, **bucket_args,
-            opts=pulumi.ResourceOptions(parent=self, protect=keep, retain_on_delete=keep))
+            f"{name}-bucket", force_destroy=not retain, tags=tags, **bucket_args,
+            opts=pulumi.ResourceOptions(parent=self, protect=retain, retain_on_delete=retain))
         aws.s3.BucketPublicAccessBlock(
             f"{name}-public-access", bucket=self.bucket.id, block_public_acls=True, block_public_policy=True,
             ignore_public_acls=True, restrict_public_buckets=True, opts=child)
@@ -51,21 +49,12 @@ class CheckpointStore(pulumi.ComponentResource):
                 aws.s3.BucketLifecycleConfigurationRuleArgs(
                     id="expire-deleted-checkpoints", status="Enabled", filter=everything,
                     noncurrent_version_expiration=aws.s3.BucketLifecycleConfigurationRuleNoncurrentVersionExpirationArgs(
-                        noncurrent_days=cfg.noncurrent_version_expiration_days),
+                        noncurrent_days=noncurrent_version_expiration_days),
                     expiration=aws.s3.BucketLifecycleConfigurationRuleExpirationArgs(
                         expired_object_delete_marker=True)),
             ],
             opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[versioning])))
         aws.s3.BucketPolicy(f"{name}-tls-only", bucket=self.bucket.id,
                             policy=self.bucket.arn.apply(iam.deny_insecure_transport), opts=child)
-
-        self.role = aws.iam.Role(
-            f"{name}-irsa",
-            assume_role_policy=pulumi.Output.all(oidc_provider_arn, oidc_issuer_url).apply(
-                lambda a: iam.irsa_trust(a[0], a[1], cfg.ray_namespace, cfg.ray_service_account)),
-            description=f"Ray pods of {cfg.cluster_name}: read and write the checkpoint bucket",
-            tags=tags, opts=child)
-        aws.iam.RolePolicy(f"{name}-irsa-s3", role=self.role.id,
-                           policy=self.bucket.arn.apply(iam.bucket_read_write), opts=child)
         self.uri = self.bucket.bucket.apply(lambda b: f"s3://{b}")
-        self.register_outputs({"bucketUri": self.uri, "roleArn": self.role.arn})
+        self.register_outputs({"bucketUri": self.uri})

@@ -1,1 +1,2 @@
-"""raytrain-eks policy pack. `rules` holds the logic as pure functions; `pack` adapts it to pulumi_policy."""
+"""raytrain-eks policy pack. `rules` registers the rules (by concern in nodes, network, ray and pinning, over
+`model`'s plain data) as pure functions; `pack` adapts them to pulumi_policy."""

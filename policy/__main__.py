@@ -1,10 +1,13 @@
 """What the Pulumi CLI runs for `pulumi preview --policy-pack policy`: serves the pack over gRPC."""
-from pulumi_policy import EnforcementLevel, PolicyPack
+import sys
+from pathlib import Path
 
-if __package__:
-    from . import pack
-else:  # run by the Pulumi CLI, which puts this directory first on sys.path
-    import pack
+if not __package__:  # run by the Pulumi CLI from policy/ as a script: the packages sit at the repository root
+    sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
+
+from pulumi_policy import EnforcementLevel, PolicyPack  # noqa: E402 - after the path the pack imports from
+
+from policy import pack  # noqa: E402
 
 PolicyPack(
     name=pack.PACK_NAME,

@@ -2,8 +2,8 @@
 
 pulumi_policy hands a validation its props wrapped in a proxy that raises on the first
 unknown value it touches, which would hide every other finding of the rule; this
-module unwraps the props into plain data with rules.UNKNOWN in place of unknowns,
-runs the rule, reports its violations and turns rules.Unknown back into the SDK's
+module unwraps the props into plain data with model.UNKNOWN in place of unknowns,
+runs the rule, reports its violations and turns model.Unknown back into the SDK's
 UnknownValueError (shown as an advisory "can't run policy during preview").
 """
 from __future__ import annotations
@@ -21,10 +21,7 @@ from pulumi_policy import (
 )
 from pulumi_policy import proxy
 
-if __package__:
-    from . import rules
-else:  # run by the Pulumi CLI, which puts this directory first on sys.path
-    import rules
+from policy import model, rules
 
 PACK_NAME = "raytrain-eks-guardrails"
 
@@ -35,9 +32,9 @@ _SENTINELS = frozenset({
 
 
 def plain(value: Any) -> Any:
-    """Props as plain dicts and lists, unknown values replaced by rules.UNKNOWN."""
+    """Props as plain dicts and lists, unknown values replaced by model.UNKNOWN."""
     if isinstance(value, str):
-        return rules.UNKNOWN if value in _SENTINELS else value
+        return model.UNKNOWN if value in _SENTINELS else value
     if isinstance(value, Mapping):
         target = _proxied(value)
         return {k: plain(target[k]) for k in target}
@@ -55,16 +52,16 @@ def _proxied(value: Any) -> Any:
         return value
 
 
-def _unknown(err: rules.Unknown) -> proxy.UnknownValueError:
+def _unknown(err: model.Unknown) -> proxy.UnknownValueError:
     return proxy.UnknownValueError(proxy.UNKNOWN_STRING_VALUE, err.path.split("."))
 
 
-def stack_resources(args: StackValidationArgs) -> list[rules.Resource]:
+def stack_resources(args: StackValidationArgs) -> list[model.Resource]:
     resources = []
     for r in args.resources:
         props = plain(r.props)
         deps = {prop: tuple(d.urn for d in on) for prop, on in (r.property_dependencies or {}).items()}
-        resources.append(rules.Resource(r.resource_type, r.name, props, r.urn, props.get("id"), deps))
+        resources.append(model.Resource(r.resource_type, r.name, props, r.urn, props.get("id"), deps))
     return resources
 
 
@@ -72,7 +69,7 @@ def resource_validation(rule: rules.Rule) -> Callable[[ResourceValidationArgs, R
     def validate(args: ResourceValidationArgs, report_violation: ReportViolation) -> None:
         try:
             messages = rule.check((args.resource_type, plain(args.props)), args.get_config())
-        except rules.Unknown as err:
+        except model.Unknown as err:
             raise _unknown(err) from None
         for message in messages:
             report_violation(message)
@@ -83,7 +80,7 @@ def stack_validation(rule: rules.Rule) -> Callable[[StackValidationArgs, ReportV
     def validate(args: StackValidationArgs, report_violation: ReportViolation) -> None:
         try:
             violations = rule.check(stack_resources(args), args.get_config())
-        except rules.Unknown as err:
+        except model.Unknown as err:
             raise _unknown(err) from None
         for violation in violations:
             report_violation(violation.message, violation.urn or None)

@@ -86,7 +86,7 @@ def test_the_offline_copies_match_their_pins():
 
 def test_the_pinned_charts_are_the_versions_the_stacks_deploy():
     """The archives are the project's defaults, except the EFA chart: v0.5.32 is in no public archive."""
-    from infra.config import KEYS
+    from deploy.config import KEYS
 
     defaults = {k: KEYS[k].default for k in ("kuberayVersion", "nvidiaDevicePluginVersion", "clusterAutoscalerVersion")}
     versions = {a.chart: a.version for a in upstream.ARTIFACTS.values() if a.chart}

@@ -158,7 +158,7 @@ def test_test_workflow_runs_the_readme_test_command_on_push_and_pull_request():
 def test_test_workflow_fetches_the_upstream_artifacts_before_pytest_without_shared():
     """A fork has no ../shared: the CRD, the charts and helm come from the pinned fetch step (tests/upstream.py)."""
     command = readme_test_command()
-    assert command.index("-m tests.upstream fetch") < command.index("-m pytest")
+    assert command.index("-m tests.upstream fetch") < command.index("ruff check") < command.index("-m pytest")
     assert "shared" not in (WORKFLOWS / "test.yml").read_text()
 
 

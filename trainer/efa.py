@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from facts import ray as ray_facts
+
 __all__ = [
     "Transport",
     "Evidence",
@@ -632,7 +634,7 @@ def enforce_efa(verdicts: Sequence[RankVerdict], require_efa: bool,
 # --- per-rank debug files -------------------------------------------------------------
 
 # On the /tmp/ray volume of every Ray pod; the RayCluster mounts a volume exactly here as well.
-NCCL_LOG_DIR = "/tmp/ray/nccl"
+NCCL_LOG_DIR = ray_facts.NCCL_LOG_DIR
 # Ray's runtime_env worker_process_setup_hook: runs in every worker process of a job before any
 # task or actor code, so before NCCL's first call whatever order Ray starts things in.
 SETUP_HOOK = "trainer.efa.make_debug_file_dir"

@@ -186,39 +186,22 @@ def measure_matmul_peak(device: Any = None, *, size: int | None = None, iters: i
 
 # ---------------------------------------------------------------- communication per step
 
-# Per-GPU bandwidth inside a node, GB/s in one direction (not in infra.catalog).
+# Per-GPU bandwidth inside a node, GB/s in one direction (not in facts.catalog).
 INTRA_NODE_GBYTES = {"nvlink": {"A100": 300.0, "H100": 450.0, "H200": 450.0, "B200": 900.0},
                      "pcie": 25.0}  # PCIe Gen4 x16 (L4, L40S, A10G): 32 GB/s raw, ~25 usable
-_CATALOG_FALLBACK = {  # name: (gpus, gpu model, network Gbps, GPUDirect RDMA, NVLink); checked against infra.catalog
-    "g6.12xlarge": (4, "NVIDIA L4", 40, False, False),
-    "g6.48xlarge": (8, "NVIDIA L4", 100, False, False),
-    "g6e.12xlarge": (4, "NVIDIA L40S", 100, False, False),
-    "g6e.48xlarge": (8, "NVIDIA L40S", 400, False, False),
-    "p4d.24xlarge": (8, "NVIDIA A100", 400, True, True),
-    "p5.48xlarge": (8, "NVIDIA H100", 3200, True, True),
-    "p5e.48xlarge": (8, "NVIDIA H200", 3200, True, True),
-}
 
 
 def instance_network(instance_type: str) -> dict[str, Any]:
-    """Network facts of a GPU instance type: infra.catalog when importable, else the same figures.
+    """Network facts of a GPU instance type, from the instance catalog (facts.catalog, shipped with every job)."""
+    from facts.catalog import GPU_TYPES
 
-    In a Ray job the working directory holds only the trainer package, so the catalog may
-    not be importable there; a test keeps the fallback equal to the catalog.
-    """
-    try:
-        from infra.catalog import GPU_TYPES
-
-        rows = {name: (t.gpus, t.gpu_model, t.network_gbps, t.gpudirect_rdma, t.nvlink) for name, t in GPU_TYPES.items()}
-    except ImportError:
-        rows = _CATALOG_FALLBACK
-    if instance_type not in rows:
-        raise ValueError(f"instance type {instance_type!r}: unknown; use one of {', '.join(sorted(rows))}")
-    gpus, model, gbps, rdma, nvlink = rows[instance_type]
-    short = model.split()[-1]
-    intra = INTRA_NODE_GBYTES["nvlink"].get(short, 300.0) if nvlink else INTRA_NODE_GBYTES["pcie"]
-    return {"instance_type": instance_type, "gpus_per_node": gpus, "network_gbps": gbps, "gpudirect_rdma": rdma,
-            "nvlink": nvlink, "intra_node_gbytes_per_s": intra}
+    if instance_type not in GPU_TYPES:
+        raise ValueError(f"instance type {instance_type!r}: unknown; use one of {', '.join(sorted(GPU_TYPES))}")
+    row = GPU_TYPES[instance_type]
+    short = row.gpu_model.split()[-1]
+    intra = INTRA_NODE_GBYTES["nvlink"].get(short, 300.0) if row.nvlink else INTRA_NODE_GBYTES["pcie"]
+    return {"instance_type": instance_type, "gpus_per_node": row.gpus, "network_gbps": row.network_gbps,
+            "gpudirect_rdma": row.gpudirect_rdma, "nvlink": row.nvlink, "intra_node_gbytes_per_s": intra}
 
 
 def comm_estimate(params: int, *, nodes: int, gpus_per_node: int, network_gbps: float,

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from facts import ray as ray_facts
 from trainer.config import ConfigError, TrainConfig, add_arguments, flag, from_args, is_remote
 from trainer.data import DataError, check_records, load_records
 from trainer.formats import Renderer
@@ -161,7 +162,7 @@ def train(cfg: TrainConfig, storage_filesystem: Any = None, *, check: bool = Tru
     return build_trainer(cfg, storage_filesystem, quiet=quiet).fit()
 
 
-CHECKPOINT_ENV = "CHECKPOINT_URI"  # set on the RayCluster's head (workloads/raycluster.py): the stack's bucket
+CHECKPOINT_ENV = ray_facts.CHECKPOINT_ENV  # set on the RayCluster's head: the stack's bucket
 
 
 def storage_default(environ=None) -> dict[str, str] | None:

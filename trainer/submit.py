@@ -33,14 +33,20 @@ from dataclasses import replace as dataclass_replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
+import facts
+from facts import outputs as stack_outputs
+from facts import ray as ray_facts
+
 PACKAGE_DIR = Path(__file__).resolve().parent
-DASHBOARD_PORT = 8265
+# What a job's working_dir holds: the trainer and the stdlib package of shared facts it imports.
+JOB_PACKAGES = (PACKAGE_DIR, Path(facts.__file__).resolve().parent)
+DASHBOARD_PORT = ray_facts.DASHBOARD_PORT
 CONNECT_TIMEOUT_S = 10.0
 PORT_FORWARD_TIMEOUT_S = 30.0
-DEFAULT_NAMESPACE = "ray"
-DEFAULT_SERVICE = "raytrain-head-svc"
-DEFAULT_RAYCLUSTER = "raytrain"
-CHECKPOINT_ENV = "CHECKPOINT_URI"  # the head's default storage (trainer.launch.storage_default)
+DEFAULT_NAMESPACE = ray_facts.DEFAULT_NAMESPACE
+DEFAULT_SERVICE = ray_facts.head_service()
+DEFAULT_RAYCLUSTER = ray_facts.CLUSTER_NAME
+CHECKPOINT_ENV = ray_facts.CHECKPOINT_ENV  # the head's default storage (trainer.launch.storage_default)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED = 0, 1, 2, 3
 
@@ -86,16 +92,16 @@ def stack_target(stack: str) -> Iterator[tuple[Target, dict]]:
         outputs = json.loads(raw)
     except ValueError:
         raise SubmitError(f"--stack {stack}: `pulumi stack output --json` did not print JSON") from None
-    missing = [k for k in ("rayNamespace", "rayHeadService", "kubeconfig") if k not in outputs]
+    missing = [k for k in stack_outputs.REQUIRED_BY_SUBMIT if k not in outputs]
     if missing:
         raise SubmitError(f"--stack {stack}: the stack has no output {', '.join(missing)}; run `pulumi up` first")
     fd, path = tempfile.mkstemp(prefix="kubeconfig-", suffix=".json")  # created 0600
     try:
+        config = outputs[stack_outputs.KUBECONFIG]
         with os.fdopen(fd, "w") as kubeconfig:
-            kubeconfig.write(outputs["kubeconfig"] if isinstance(outputs["kubeconfig"], str)
-                             else json.dumps(outputs["kubeconfig"]))
-        yield Target(None, outputs["rayNamespace"], outputs["rayHeadService"],
-                     outputs.get("rayClusterName", DEFAULT_RAYCLUSTER), path), outputs
+            kubeconfig.write(config if isinstance(config, str) else json.dumps(config))
+        yield Target(None, outputs[stack_outputs.RAY_NAMESPACE], outputs[stack_outputs.RAY_HEAD_SERVICE],
+                     outputs.get(stack_outputs.RAY_CLUSTER_NAME, DEFAULT_RAYCLUSTER), path), outputs
     finally:
         Path(path).unlink(missing_ok=True)
 
@@ -150,8 +156,9 @@ def auth_token_from_cluster(target: Target) -> str:
     for secret in secrets.get("items", []):
         owners = {(o.get("kind"), o.get("name")) for o in secret["metadata"].get("ownerReferences", [])}
         named = name and secret["metadata"]["name"] == name
-        if (named or ("RayCluster", target.raycluster) in owners) and "auth_token" in secret.get("data", {}):
-            return base64.b64decode(secret["data"]["auth_token"]).decode().strip()
+        data = secret.get("data", {})
+        if (named or ("RayCluster", target.raycluster) in owners) and ray_facts.AUTH_TOKEN_KEY in data:
+            return base64.b64decode(data[ray_facts.AUTH_TOKEN_KEY]).decode().strip()
     raise SubmitError(f"no Secret with an auth_token for RayCluster {target.raycluster} in namespace {target.namespace}; "
                       "is authOptions.mode token set? Or export RAY_AUTH_TOKEN yourself")
 
@@ -215,8 +222,9 @@ def _client(address: str, token: str | None):
 # --- the job --------------------------------------------------------------------
 
 def stage_package(into: Path) -> Path:
-    """The job's working_dir: just the trainer package, without caches."""
-    shutil.copytree(PACKAGE_DIR, into / "trainer", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    """The job's working_dir: the trainer package and the facts it imports, without caches."""
+    for package in JOB_PACKAGES:
+        shutil.copytree(package, into / package.name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     return into
 
 
@@ -577,15 +585,16 @@ def _submit_and_follow(args: argparse.Namespace, target: Target | None, cfg, env
 
 def stack_gpus(outputs: dict, instance_type: str | None = None) -> int | None:
     """Every GPU of the stack: GPU nodes x GPUs per node of its instance type (None when unknown)."""
-    row = _catalog_row(instance_type or outputs.get("gpuNodeType"))
-    return row.gpus * int(outputs["gpuNodeCount"]) if row and "gpuNodeCount" in outputs else None
+    row = _catalog_row(instance_type or outputs.get(stack_outputs.GPU_NODE_TYPE))
+    count = outputs.get(stack_outputs.GPU_NODE_COUNT)
+    return row.gpus * int(count) if row and count is not None else None
 
 
 def stack_defaults(outputs: dict) -> dict | None:
     """What `submit --stack` trains on unless flags say otherwise: every GPU of the stack, its bucket."""
     defaults: dict = {}
-    if "checkpointBucketUri" in outputs:
-        defaults["storage_path"] = outputs["checkpointBucketUri"]
+    if stack_outputs.CHECKPOINT_BUCKET_URI in outputs:
+        defaults["storage_path"] = outputs[stack_outputs.CHECKPOINT_BUCKET_URI]
     gpus = stack_gpus(outputs)
     if gpus:
         defaults.update(device="gpu", num_workers=gpus)
@@ -593,12 +602,10 @@ def stack_defaults(outputs: dict) -> dict | None:
 
 
 def _catalog_row(instance_type: str | None):
-    """The instance type's catalog row, when the repository's infra package is importable."""
+    """The instance type's catalog row (facts.catalog); None when no type is known."""
+    from facts.catalog import GPU_TYPES
+
     if not instance_type:
-        return None
-    try:
-        from infra.catalog import GPU_TYPES
-    except ImportError:
         return None
     if instance_type not in GPU_TYPES:
         raise SubmitError(f"--instance-type {instance_type}: not in the instance catalog; use one of {', '.join(GPU_TYPES)}")
@@ -635,7 +642,7 @@ def _bench(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         nccl_bench.message_sizes(args.min_bytes, args.max_bytes)
         target, outputs = (stack.enter_context(stack_target(args.stack)) if args.stack and not args.address
                            else (None, {}))
-        row = _catalog_row(args.instance_type or outputs.get("gpuNodeType"))
+        row = _catalog_row(args.instance_type or outputs.get(stack_outputs.GPU_NODE_TYPE))
         workers = args.workers or stack_gpus(outputs, args.instance_type)
         if not workers or workers < 1:
             raise SubmitError("--workers: how many ranks? pass --workers N (or --stack to use every GPU of the stack)")
@@ -647,8 +654,8 @@ def _bench(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
                       "--max-bytes", str(args.max_bytes), "--iters", str(args.iters), "--warmup", str(args.warmup)]
         if row:
             bench_argv += ["--network-gbps", str(row.network_gbps), "--instance-type", row.name]
-        if "checkpointBucketUri" in outputs:
-            bench_argv += ["--storage-path", outputs["checkpointBucketUri"]]
+        if stack_outputs.CHECKPOINT_BUCKET_URI in outputs:
+            bench_argv += ["--storage-path", outputs[stack_outputs.CHECKPOINT_BUCKET_URI]]
     except (ValueError, SubmitError) as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USAGE

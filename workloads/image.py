@@ -20,12 +20,14 @@ import socket
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass
 from typing import Iterator
 
 import pulumi
 import pulumi.dynamic as dynamic
 from pulumi.runtime.rpc import UNKNOWN
+
+from facts import images
+from facts.images import ImageReference
 
 CONFIG_KEY = "raytrain-eks:dlcImage"
 DEFAULT_TIMEOUT_S = 20.0
@@ -48,10 +50,6 @@ USE_DIGEST = (f"set {CONFIG_KEY} to the digest reference registry/repository@sha
               "the registry) to skip the lookup")
 CHECK_TAG = f"check the repository and tag (`crane ls REPOSITORY` lists the tags), or {USE_DIGEST}"
 
-_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
-_HOST = re.compile(r"^[A-Za-z0-9.-]+(:[0-9]+)?$")
-_REPOSITORY = re.compile(r"^[a-z0-9]+([._-]+[a-z0-9]+)*(/[a-z0-9]+([._-]+[a-z0-9]+)*)*$")
-_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 _LOCAL_HOSTS = ("localhost", "127.0.0.1")
 
 
@@ -59,59 +57,19 @@ class ImageResolutionError(RuntimeError):
     """The tag could not be pinned; the message names the image and what to do."""
 
 
-@dataclass(frozen=True)
-class ImageReference:
-    registry: str
-    repository: str
-    tag: str | None = None
-    digest: str | None = None
-
-    @property
-    def api_base(self) -> str:
-        """Registries on this machine speak plain HTTP (as Docker assumes); all others HTTPS."""
-        scheme = "http" if self.registry.split(":")[0] in _LOCAL_HOSTS else "https"
-        api_host = "registry-1.docker.io" if self.registry == "docker.io" else self.registry
-        return f"{scheme}://{api_host}"
-
-    def pinned(self, digest: str) -> str:
-        return f"{self.registry}/{self.repository}@{digest}"
-
-    def __str__(self) -> str:
-        if self.digest:
-            return self.pinned(self.digest)
-        return f"{self.registry}/{self.repository}:{self.tag}"
+def api_base(ref: ImageReference) -> str:
+    """Registries on this machine speak plain HTTP (as Docker assumes); all others HTTPS."""
+    scheme = "http" if ref.registry.split(":")[0] in _LOCAL_HOSTS else "https"
+    api_host = "registry-1.docker.io" if ref.registry == "docker.io" else ref.registry
+    return f"{scheme}://{api_host}"
 
 
 def parse(image: str) -> ImageReference:
-    """registry/repository:tag or registry/repository@sha256:<64 hex>; the registry is never implied."""
-    text = str(image).strip()
-    fix = ("write it as registry/repository:tag or registry/repository@sha256:<64 hex>, "
-           "e.g. public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1")
-    name, _, digest = text.partition("@")
-    digest = digest or None
-    if "/" not in name:
-        raise ImageResolutionError(f"{CONFIG_KEY}: {text!r} names no registry; {fix}")
-    registry, rest = name.split("/", 1)
-    if not _HOST.match(registry) or ("." not in registry and ":" not in registry and registry != "localhost"):
-        raise ImageResolutionError(f"{CONFIG_KEY}: {text!r} does not start with a registry host; {fix}")
-    tag = None
-    if digest is None:
-        repository, sep, tag = rest.rpartition(":")
-        if not sep or "/" in tag:
-            raise ImageResolutionError(f"{CONFIG_KEY}: {text!r} has neither a tag nor a digest; {fix}")
-        if not _TAG.match(tag):
-            raise ImageResolutionError(f"{CONFIG_KEY}: {tag!r} in {text!r} is not a valid tag; {fix}")
-    else:
-        repository = rest
-        if not _DIGEST.match(digest):
-            raise ImageResolutionError(f"{CONFIG_KEY}: {digest!r} in {text!r} is not sha256:<64 lowercase hex>; {fix}")
-    if not _REPOSITORY.match(repository):
-        raise ImageResolutionError(f"{CONFIG_KEY}: {repository!r} in {text!r} is not a valid repository name; {fix}")
-    return ImageReference(registry, repository, tag, digest)
-
-
-def is_pinned(image: str) -> bool:
-    return bool(re.search(r"@sha256:[0-9a-f]{64}$", str(image)))
+    """The reference in facts.images' grammar; the registry is never implied."""
+    try:
+        return images.parse(image)
+    except images.ImageError as err:
+        raise ImageResolutionError(f"{CONFIG_KEY}: {err}") from None
 
 
 def is_placeholder(image: str) -> bool:
@@ -181,7 +139,7 @@ def resolve_digest(image: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> str:
     ref = parse(image)
     if ref.digest:
         return ref.digest
-    url = f"{ref.api_base}/v2/{ref.repository}/manifests/{urllib.parse.quote(ref.tag, safe='')}"
+    url = f"{api_base(ref)}/v2/{ref.repository}/manifests/{urllib.parse.quote(ref.tag, safe='')}"
     headers = {"Accept": ", ".join(MANIFEST_MEDIA_TYPES)}
     what = "reading the manifest"
     status, answer, _ = _request(ref, "HEAD", url, headers, timeout, what)
@@ -205,7 +163,7 @@ def resolve_digest(image: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> str:
         raise ImageResolutionError(
             f"{CONFIG_KEY}: {ref.registry} answered for {image} without a Docker-Content-Digest header, so the tag "
             f"cannot be pinned by this resolver; {USE_DIGEST}")
-    if not _DIGEST.match(digest):
+    if not images.DIGEST.match(digest):
         raise ImageResolutionError(
             f"{CONFIG_KEY}: {ref.registry} gave {digest!r} as the digest of {image}, not sha256:<64 hex>; "
             f"{USE_DIGEST}")
@@ -238,7 +196,7 @@ class ImageDigestProvider(dynamic.ResourceProvider):
         image = news.get("image")
         if image == UNKNOWN:
             return dynamic.CheckResult(news, [])
-        if olds.get("image") == image and _DIGEST.match(str(olds.get("digest") or "")):
+        if olds.get("image") == image and images.DIGEST.match(str(olds.get("digest") or "")):
             return dynamic.CheckResult({**news, "digest": olds["digest"]}, [])
         try:
             return dynamic.CheckResult({**news, "digest": self._resolve(image)}, [])
@@ -252,7 +210,7 @@ class ImageDigestProvider(dynamic.ResourceProvider):
 
     def create(self, props):
         digest = props.get("digest")
-        if not (isinstance(digest, str) and _DIGEST.match(digest)):
+        if not (isinstance(digest, str) and images.DIGEST.match(digest)):
             digest = self._resolve(props["image"])
         outs = _pin(props["image"], digest)
         return dynamic.CreateResult(id_=outs["reference"], outs=outs)

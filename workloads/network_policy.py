@@ -10,35 +10,36 @@ always allows. Egress stays open (S3, the Hugging Face hub, DNS); EFA traffic do
 through the kernel's IP stack at all.
 
 The Amazon VPC CNI enforces these only with its network policy agent on
-(`enableNetworkPolicy: "true"` in the vpc-cni add-on's configuration: infra.cluster.ADDON_CONFIGURATION).
+(`enableNetworkPolicy: "true"` in the vpc-cni add-on's configuration, which the EKS cluster sets).
 """
 from __future__ import annotations
 
-from infra.config import StackConfig
+from facts import ray as ray_facts
 from workloads import charts
+from workloads.settings import Workloads
 
 API_VERSION = "networking.k8s.io/v1"
 KIND = "NetworkPolicy"
-RAY_CLUSTER_LABEL = "ray.io/cluster"  # KubeRay v1.7.0 utils.RayClusterLabelKey
+RAY_CLUSTER_LABEL = ray_facts.CLUSTER_LABEL
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace
-DASHBOARD_PORT = 8265
+DASHBOARD_PORT = ray_facts.DASHBOARD_PORT
 
 
-def default_deny_ingress(cfg: StackConfig) -> dict:
+def default_deny_ingress(settings: Workloads) -> dict:
     return {
         "apiVersion": API_VERSION, "kind": KIND,
-        "metadata": {"name": "default-deny-ingress", "namespace": cfg.ray_namespace,
-                     "labels": {"app.kubernetes.io/part-of": cfg.project}},
+        "metadata": {"name": "default-deny-ingress", "namespace": settings.namespace,
+                     "labels": {"app.kubernetes.io/part-of": settings.project}},
         "spec": {"podSelector": {}, "policyTypes": ["Ingress"]},
     }
 
 
-def ray_cluster_ingress(cfg: StackConfig) -> dict:
-    ray_pods = {"matchLabels": {RAY_CLUSTER_LABEL: cfg.ray_cluster_name}}
+def ray_cluster_ingress(settings: Workloads) -> dict:
+    ray_pods = {"matchLabels": {RAY_CLUSTER_LABEL: settings.ray_cluster_name}}
     return {
         "apiVersion": API_VERSION, "kind": KIND,
-        "metadata": {"name": f"{cfg.ray_cluster_name}-ray-ingress", "namespace": cfg.ray_namespace,
-                     "labels": {"app.kubernetes.io/part-of": cfg.project}},
+        "metadata": {"name": f"{settings.ray_cluster_name}-ray-ingress", "namespace": settings.namespace,
+                     "labels": {"app.kubernetes.io/part-of": settings.project}},
         "spec": {
             "podSelector": ray_pods,
             "policyTypes": ["Ingress"],
@@ -51,5 +52,5 @@ def ray_cluster_ingress(cfg: StackConfig) -> dict:
     }
 
 
-def policies(cfg: StackConfig) -> list[dict]:
-    return [default_deny_ingress(cfg), ray_cluster_ingress(cfg)]
+def policies(settings: Workloads) -> list[dict]:
+    return [default_deny_ingress(settings), ray_cluster_ingress(settings)]

@@ -1,9 +1,10 @@
-"""The RayCluster manifest: a pure function of the stack configuration and the instance catalog.
+"""The RayCluster manifest: a pure function of the workloads' settings and the instance catalog.
 
-One head on the system node (no GPUs, no training work) and one worker pod per GPU
-node that claims the whole node: every GPU, every EFA device, the EFA huge pages and
-the CPU and memory left after a reserve for the kubelet and node daemons. Moving to
-another GPU family changes the catalog row, not this code.
+One head on the system node (no GPUs, no training work) and, per worker group, one worker
+pod per node of its pool that claims the whole node: every GPU, every EFA device, the EFA
+huge pages and the CPU and memory left after a reserve for the kubelet and node daemons.
+Moving to another GPU family changes the catalog row, not this code; another worker group
+is another node pool.
 
 The head advertises no CPUs to Ray (num-cpus 0, as KubeRay's own samples do): what Ray
 Train 2.58 places on the driver's node asks for none (TrainController: num_cpus=0 with a
@@ -17,41 +18,28 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 from dataclasses import dataclass
 
-from infra import nodes
-from infra.catalog import CpuInstanceType, GpuInstanceType
-from infra.config import StackConfig
-from trainer.efa import NCCL_LOG_DIR
+from facts import images, resources
+from facts import ray as ray_facts
+from facts.catalog import CpuInstanceType, InstanceType
+from workloads.settings import WorkerGroup, Workloads
 
 API_VERSION = "ray.io/v1"
 KIND = "RayCluster"
-WORKER_GROUP = "gpu-workers"
 HEAD_CONTAINER = "ray-head"
 WORKER_CONTAINER = "ray-worker"
-CHECKPOINT_ENV = "CHECKPOINT_URI"  # on the head: `python -m trainer train`'s default storage path
-RAY_TMP = "/tmp/ray"  # session logs live here; the EFA check greps them
+CHECKPOINT_ENV = ray_facts.CHECKPOINT_ENV  # on the head: `python -m trainer train`'s default storage path
 RAY_TMP_VOLUME = "ray-tmp"
 # Its own volume at the NCCL debug files' folder: Kubernetes creates the mount point before the
 # container starts, so the folder exists before any Ray process (NCCL creates no directories).
 NCCL_LOG_VOLUME = "nccl-logs"
-HEAD_PORTS = {"gcs-server": 6379, "dashboard": 8265, "client": 10001}
 
-GPU_RESOURCE = "nvidia.com/gpu"
-EFA_RESOURCE = "vpc.amazonaws.com/efa"
-HUGEPAGES_RESOURCE = "hugepages-2Mi"
-
-# The EFA driver pre-allocates 5128 x 2 MiB huge pages at boot; the kubelet does not count
-# them as allocatable memory.
-EFA_PREALLOCATED_HUGEPAGES_GIB = math.ceil(5128 * 2 / 1024)
-# Left on a GPU node for the OS, kubelet, eviction threshold and the daemon sets (VPC CNI,
-# kube-proxy, both device plugins): 10 %, at least 2 cores and 8 GiB.
-GPU_NODE_RESERVE_FRACTION = 0.1
-GPU_NODE_RESERVE_MIN_CPU = 2
-GPU_NODE_RESERVE_MIN_MEMORY_GIB = 8
-
-_PINNED = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
+# Left on a worker node for the OS, kubelet, eviction threshold and the daemon sets (VPC CNI,
+# kube-proxy, both device plugins on GPU nodes): 10 %, at least 2 cores and 8 GiB.
+NODE_RESERVE_FRACTION = 0.1
+NODE_RESERVE_MIN_CPU = 2
+NODE_RESERVE_MIN_MEMORY_GIB = 8
 
 # scaleToZero: the KubeRay autoscaler runs as a sidecar of the head, on the system node; requests
 # equal limits keep the head pod Guaranteed, and it fits beside the head on the smallest system type.
@@ -68,7 +56,7 @@ SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 # launch, so it may never be scaled away and its GPU node keeps billing.
 AUTOSCALER_VERSION = "v2"
 AUTOSCALED_WORKER_RESTART_POLICY = "Never"
-# With scaleToZero `pulumi up` leaves spec.workerGroupSpecs to KubeRay's autoscaler (ignoreChanges):
+# With a scaled pool `pulumi up` leaves spec.workerGroupSpecs to KubeRay's autoscaler (ignoreChanges):
 # the v1.7.0 CRD gives that list no x-kubernetes-list-type, so server-side apply treats it as one
 # atomic field that the autoscaler's replica patches take over. This digest of the worker group as
 # declared makes a change to it visible, and a replacement of the RayCluster, instead of lost.
@@ -99,37 +87,30 @@ def head_size(system: CpuInstanceType) -> PodSize:
     return PodSize(cpu=max(1, system.vcpus // 2), memory_gib=max(2, system.memory_gib // 2))
 
 
-def worker_size(gpu: GpuInstanceType) -> PodSize:
-    """The GPU node minus the reserve and, on EFA nodes, the pre-allocated huge pages."""
-    cpu_reserve = max(GPU_NODE_RESERVE_MIN_CPU, math.ceil(gpu.vcpus * GPU_NODE_RESERVE_FRACTION))
-    memory_reserve = max(GPU_NODE_RESERVE_MIN_MEMORY_GIB, math.ceil(gpu.memory_gib * GPU_NODE_RESERVE_FRACTION))
-    hugepages = EFA_PREALLOCATED_HUGEPAGES_GIB if gpu.efa else 0
-    return PodSize(cpu=gpu.vcpus - cpu_reserve, memory_gib=gpu.memory_gib - memory_reserve - hugepages)
+def worker_size(instance: InstanceType, *, efa: bool = True) -> PodSize:
+    """The node minus the reserve and, on nodes with EFA, the pre-allocated huge pages."""
+    cpu_reserve = max(NODE_RESERVE_MIN_CPU, math.ceil(instance.vcpus * NODE_RESERVE_FRACTION))
+    memory_reserve = max(NODE_RESERVE_MIN_MEMORY_GIB, math.ceil(instance.memory_gib * NODE_RESERVE_FRACTION))
+    hugepages = resources.EFA_PREALLOCATED_HUGEPAGES_GIB if efa and instance.efa else 0
+    return PodSize(cpu=instance.vcpus - cpu_reserve, memory_gib=instance.memory_gib - memory_reserve - hugepages)
 
 
-def worker_resources(gpu: GpuInstanceType) -> dict[str, str]:
+def worker_resources(instance: InstanceType, *, efa: bool = True) -> dict[str, str]:
     """Requests equal limits: extended resources and huge pages require it, and it gives Guaranteed QoS."""
-    resources = {**worker_size(gpu).quantities(), GPU_RESOURCE: str(gpu.gpus)}
-    if gpu.efa:
-        resources[EFA_RESOURCE] = str(gpu.efa_interfaces)
-    if gpu.hugepages_2mi:
-        resources[HUGEPAGES_RESOURCE] = gpu.hugepages_2mi
-    return resources
+    return {**worker_size(instance, efa=efa).quantities(), **resources.extended(instance, efa=efa)}
 
 
-def worker_env(cfg: StackConfig) -> list[dict[str, str]]:
+def worker_env(group: WorkerGroup, nccl_debug: str) -> list[dict[str, str]]:
     """NCCL over libfabric/EFA; without NVLink, intra-node traffic is faster through cudaMemcpy into shared memory.
 
     NCCL_DEBUG is the stack's ncclDebug for NCCL processes started by other means; `trainer submit`
-    runs its GPU jobs at INFO into per-rank files, which the EFA proof reads.
+    runs its GPU jobs at INFO into per-rank files, which the EFA proof reads. CPU workers run no NCCL.
     """
-    env = {
-        "FI_PROVIDER": "efa",
-        "NCCL_NET_PLUGIN": "ofi",
-        "NCCL_SOCKET_IFNAME": "eth0",
-        "NCCL_DEBUG": cfg.nccl_debug,
-    }
-    if not cfg.gpu.nvlink:
+    if not group.gpus:
+        return []
+    env = {"FI_PROVIDER": "efa", "NCCL_NET_PLUGIN": "ofi"} if group.efa else {}
+    env.update({"NCCL_SOCKET_IFNAME": "eth0", "NCCL_DEBUG": nccl_debug})
+    if not group.instance.nvlink:
         env["NCCL_SHM_USE_CUDA_MEMCPY"] = "1"
     return [{"name": k, "value": v} for k, v in env.items()]
 
@@ -147,7 +128,7 @@ def _container(name: str, image: str, env: list[dict], resources: dict[str, str]
         "env": env,
         "resources": {"requests": dict(resources), "limits": dict(resources)},
         "lifecycle": _stop_ray(),
-        "volumeMounts": [{"name": RAY_TMP_VOLUME, "mountPath": RAY_TMP}, *extra_mounts],
+        "volumeMounts": [{"name": RAY_TMP_VOLUME, "mountPath": ray_facts.TMP_DIR}, *extra_mounts],
         "securityContext": _security(),
         **extra,
     }
@@ -157,11 +138,11 @@ def _security() -> dict:
     return json.loads(json.dumps(CONTAINER_SECURITY))
 
 
-def _pod(cfg: StackConfig, container: dict, node_selector: dict, tolerations: list[dict], *,
+def _pod(settings: Workloads, container: dict, node_selector, tolerations, *,
          extra_volumes: tuple[dict, ...] = (), annotations: dict[str, str] | None = None,
          restart_policy: str | None = None) -> dict:
     spec = {
-        "serviceAccountName": cfg.ray_service_account,
+        "serviceAccountName": settings.service_account,
         "securityContext": json.loads(json.dumps(POD_SECURITY)),
         "nodeSelector": dict(node_selector),
         "containers": [container],
@@ -170,8 +151,8 @@ def _pod(cfg: StackConfig, container: dict, node_selector: dict, tolerations: li
     if restart_policy:
         spec["restartPolicy"] = restart_policy
     if tolerations:
-        spec["tolerations"] = [dict(t) for t in tolerations]
-    pod_metadata = {"labels": {"app.kubernetes.io/part-of": cfg.project}}
+        spec["tolerations"] = [t.toleration() for t in tolerations]
+    pod_metadata = {"labels": {"app.kubernetes.io/part-of": settings.project}}
     if annotations:
         pod_metadata["annotations"] = dict(annotations)
     return {"metadata": pod_metadata, "spec": spec}
@@ -187,8 +168,8 @@ def kube_api_volume() -> dict:
     ]}}
 
 
-def autoscaler_options(cfg: StackConfig, image: str) -> dict:
-    """KubeRay's in-tree autoscaler (v2): removes a GPU worker after gpuIdleTimeoutMinutes without Ray work.
+def autoscaler_options(settings: Workloads, image: str) -> dict:
+    """KubeRay's in-tree autoscaler (v2): removes a worker after gpuIdleTimeoutMinutes without Ray work.
 
     It mounts the head's own /tmp/ray volume: otherwise KubeRay gives it a separate `ray-logs`
     emptyDir there (common/pod.go, addEmptyDir), and its events never reach the head's logs,
@@ -196,36 +177,36 @@ def autoscaler_options(cfg: StackConfig, image: str) -> dict:
     """
     return {
         "version": AUTOSCALER_VERSION,
-        "idleTimeoutSeconds": cfg.gpu_idle_timeout_minutes * 60,
+        "idleTimeoutSeconds": settings.idle_timeout_minutes * 60,
         "upscalingMode": "Default",
         "image": image,
         "imagePullPolicy": "IfNotPresent",
         "resources": {"requests": dict(AUTOSCALER_RESOURCES), "limits": dict(AUTOSCALER_RESOURCES)},
         "securityContext": _security(),
         "volumeMounts": [{"name": KUBE_API_VOLUME, "mountPath": KUBE_API_MOUNT, "readOnly": True},
-                         {"name": RAY_TMP_VOLUME, "mountPath": RAY_TMP}],
+                         {"name": RAY_TMP_VOLUME, "mountPath": ray_facts.TMP_DIR}],
     }
 
 
-def worker_scaling(cfg: StackConfig) -> dict[str, int]:
-    """Fixed: gpuNodeCount workers. scaleToZero: 0..gpuNodeCount, and no `replicas`.
+def worker_scaling(group: WorkerGroup) -> dict[str, int]:
+    """Fixed: as many workers as nodes. Autoscaled: min..max, and no `replicas`.
 
     The autoscaler writes `replicas`; left out of the manifest, it starts at the CRD default (0) and
     Pulumi never claims the field, so a later `pulumi up` does not reset a running worker group.
     """
-    if cfg.scale_to_zero:
-        return {"minReplicas": 0, "maxReplicas": cfg.gpu_node_count}
-    return {"replicas": cfg.gpu_node_count, "minReplicas": cfg.gpu_node_count, "maxReplicas": cfg.gpu_node_count}
+    if group.autoscaled:
+        return {"minReplicas": group.min_replicas, "maxReplicas": group.max_replicas}
+    return {"replicas": group.max_replicas, "minReplicas": group.min_replicas, "maxReplicas": group.max_replicas}
 
 
-def metadata(cfg: StackConfig, spec: dict | None = None) -> dict:
-    """With scaleToZero and the spec at hand, the worker group's digest is an annotation (see WORKER_GROUP_DIGEST)."""
+def metadata(settings: Workloads, spec: dict | None = None) -> dict:
+    """Autoscaled, and with the spec at hand, the worker groups' digest is an annotation (see WORKER_GROUP_DIGEST)."""
     meta = {
-        "name": cfg.ray_cluster_name,
-        "namespace": cfg.ray_namespace,
-        "labels": {"app.kubernetes.io/part-of": cfg.project},
+        "name": settings.ray_cluster_name,
+        "namespace": settings.namespace,
+        "labels": {"app.kubernetes.io/part-of": settings.project},
     }
-    if cfg.scale_to_zero and spec is not None:
+    if settings.autoscaled and spec is not None:
         meta["annotations"] = {WORKER_GROUP_DIGEST: worker_group_digest(spec)}
     return meta
 
@@ -236,9 +217,26 @@ def worker_group_digest(spec: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def spec(cfg: StackConfig, *, image: str, checkpoint_uri: str) -> dict:
+def worker_group(settings: Workloads, group: WorkerGroup, image: str) -> dict:
+    """One worker group: its pool's nodes, each claimed whole by one worker pod."""
+    mounts = ({"name": NCCL_LOG_VOLUME, "mountPath": ray_facts.NCCL_LOG_DIR},) if group.gpus else ()
+    worker = _container(WORKER_CONTAINER, image, env=worker_env(group, settings.nccl_debug),
+                        resources=worker_resources(group.instance, efa=group.efa), extra_mounts=mounts)
+    return {
+        "groupName": group.name,
+        **worker_scaling(group),
+        "numOfHosts": 1,
+        "rayStartParams": {"num-gpus": str(group.gpus)} if group.gpus else {},
+        "template": _pod(settings, worker, group.node_selector, group.tolerations,
+                         extra_volumes=({"name": NCCL_LOG_VOLUME, "emptyDir": {}},) if group.gpus else (),
+                         annotations={SAFE_TO_EVICT: "false"} if group.autoscaled else None,
+                         restart_policy=AUTOSCALED_WORKER_RESTART_POLICY if settings.autoscaled else None),
+    }
+
+
+def spec(settings: Workloads, *, image: str, checkpoint_uri: str) -> dict:
     """The RayCluster spec; `image` must already be pinned by digest."""
-    if not _PINNED.match(str(image)):
+    if not images.is_pinned(str(image), registry_required=True):
         raise ManifestError(
             f"raytrain-eks:dlcImage: the RayCluster needs an image pinned by digest "
             f"(registry/repository@sha256:<64 hex>), got {image!r}; pin tags with workloads.image.pin first")
@@ -249,39 +247,28 @@ def spec(cfg: StackConfig, *, image: str, checkpoint_uri: str) -> dict:
     head = _container(
         HEAD_CONTAINER, image,
         env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}, {"name": CHECKPOINT_ENV, "value": checkpoint_uri}],
-        resources=head_size(cfg.system).quantities(),
-        ports=[{"name": name, "containerPort": port} for name, port in HEAD_PORTS.items()],
+        resources=head_size(settings.head_instance).quantities(),
+        ports=[{"name": name, "containerPort": port} for name, port in ray_facts.HEAD_PORTS.items()],
     )
-    worker = _container(WORKER_CONTAINER, image, env=worker_env(cfg), resources=worker_resources(cfg.gpu),
-                        extra_mounts=({"name": NCCL_LOG_VOLUME, "mountPath": NCCL_LOG_DIR},))
-    autoscaled = cfg.scale_to_zero
+    autoscaled = settings.autoscaled
     result = {
-        "rayVersion": cfg.ray_version,
+        "rayVersion": settings.ray_version,
         "authOptions": {"mode": "token"},
         "enableInTreeAutoscaling": autoscaled,
         "headGroupSpec": {
             "serviceType": "ClusterIP",
             "rayStartParams": {"num-cpus": "0", "num-gpus": "0", "dashboard-host": "0.0.0.0"},
-            "template": _pod(cfg, head, nodes.SYSTEM_LABELS, [],
+            "template": _pod(settings, head, settings.system_node_selector, (),
                              extra_volumes=(kube_api_volume(),) if autoscaled else ()),
         },
-        "workerGroupSpecs": [{
-            "groupName": WORKER_GROUP,
-            **worker_scaling(cfg),
-            "numOfHosts": 1,
-            "rayStartParams": {"num-gpus": str(cfg.gpu.gpus)},
-            "template": _pod(cfg, worker, nodes.GPU_LABELS, [nodes.GPU_TOLERATION],
-                             extra_volumes=({"name": NCCL_LOG_VOLUME, "emptyDir": {}},),
-                             annotations={SAFE_TO_EVICT: "false"} if autoscaled else None,
-                             restart_policy=AUTOSCALED_WORKER_RESTART_POLICY if autoscaled else None),
-        }],
+        "workerGroupSpecs": [worker_group(settings, group, image) for group in settings.worker_groups],
     }
     if autoscaled:
-        result["autoscalerOptions"] = autoscaler_options(cfg, image)
+        result["autoscalerOptions"] = autoscaler_options(settings, image)
     return result
 
 
-def manifest(cfg: StackConfig, *, image: str, checkpoint_uri: str) -> dict:
-    """The whole ray.io/v1 RayCluster object for this stack."""
-    body = spec(cfg, image=image, checkpoint_uri=checkpoint_uri)
-    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata(cfg, body), "spec": body}
+def manifest(settings: Workloads, *, image: str, checkpoint_uri: str) -> dict:
+    """The whole ray.io/v1 RayCluster object."""
+    body = spec(settings, image=image, checkpoint_uri=checkpoint_uri)
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata(settings, body), "spec": body}

@@ -1,8 +1,8 @@
 """Apply the workloads to the cluster: one Kubernetes provider, namespaces, the IRSA service account,
-the Ray namespace's NetworkPolicies, three Helm releases (four with scaleToZero: the Cluster
-Autoscaler) and the RayCluster.
+the Ray namespace's NetworkPolicies, three Helm releases (four with the Cluster
+Autoscaler, when a node pool scales to zero) and the RayCluster.
 
-With scaleToZero, KubeRay's autoscaler owns the RayCluster's worker group (see
+When a node pool scales to zero, KubeRay's autoscaler owns the RayCluster's worker groups (see
 raycluster.WORKER_GROUP_DIGEST): `pulumi up` ignores changes to spec.workerGroupSpecs, which
 pulumi-kubernetes implements for server-side apply by leaving out of its apply a field another
 manager owns, or resending the live value (provider/pkg/await/await.go, handleSSAIgnoreFields),
@@ -21,15 +21,15 @@ from typing import Sequence
 import pulumi
 import pulumi_kubernetes as k8s
 
-from infra.config import StackConfig
 from workloads import charts, network_policy, raycluster
 from workloads import image as dlc_image
+from workloads.settings import Workloads
 
 IRSA_ANNOTATION = charts.IRSA_ANNOTATION
 # Pod Security Admission: refuses privileged, hostNetwork and hostPath pods in the Ray namespace.
 RAY_NAMESPACE_LABELS = {"pod-security.kubernetes.io/enforce": "baseline"}
 HELM_TIMEOUT_S = 900
-# scaleToZero: the worker group is the autoscaler's; its declared form is tracked by the digest annotation,
+# Autoscaled: the worker groups are the autoscaler's; its declared form is tracked by the digest annotation,
 # and the RayCluster (same name) is deleted before it is created again.
 RAYCLUSTER_AUTOSCALED_OPTIONS = {
     "ignore_changes": ["spec.workerGroupSpecs"],
@@ -41,15 +41,15 @@ RAYCLUSTER_AUTOSCALED_OPTIONS = {
 class RayWorkloads(pulumi.ComponentResource):
     """Device plugins, KubeRay operator and the digest-pinned RayCluster on an existing EKS cluster."""
 
-    def __init__(self, name: str, cfg: StackConfig, *, image: pulumi.Input[str], kubeconfig: pulumi.Input[str],
+    def __init__(self, name: str, settings: Workloads, *, image: pulumi.Input[str], kubeconfig: pulumi.Input[str],
                  irsa_role_arn: pulumi.Input[str], checkpoint_uri: pulumi.Input[str],
                  cluster_dependencies: Sequence[pulumi.Resource],
                  autoscaler_role_arn: pulumi.Input[str] | None = None,
                  autoscaler_dependencies: Sequence[pulumi.Resource] = (),
                  opts: pulumi.ResourceOptions | None = None):
-        if cfg.scale_to_zero and autoscaler_role_arn is None:
-            raise ValueError("raytrain-eks:scaleToZero: the Cluster Autoscaler needs its IRSA role; "
-                             "pass autoscaler_role_arn (infra.autoscaling.ClusterAutoscalerRole)")
+        """`irsa_role_arn`: the Ray pods' role; `autoscaler_role_arn`: the Cluster Autoscaler's, when it runs."""
+        if settings.cluster_autoscaler and autoscaler_role_arn is None:
+            raise ValueError("the Cluster Autoscaler needs its IRSA role: pass autoscaler_role_arn")
         super().__init__("raytrain:workloads:RayWorkloads", name, None, opts)
         self.provider = k8s.Provider(f"{name}-k8s", kubeconfig=kubeconfig, opts=pulumi.ResourceOptions(parent=self))
         after = list(cluster_dependencies)
@@ -59,7 +59,7 @@ class RayWorkloads(pulumi.ComponentResource):
 
         self.namespace = k8s.core.v1.Namespace(
             f"{name}-namespace",
-            metadata=k8s.meta.v1.ObjectMetaArgs(name=cfg.ray_namespace, labels=RAY_NAMESPACE_LABELS),
+            metadata=k8s.meta.v1.ObjectMetaArgs(name=settings.namespace, labels=RAY_NAMESPACE_LABELS),
             opts=in_cluster())
         operator_namespace = k8s.core.v1.Namespace(
             f"{name}-operator-namespace", metadata=k8s.meta.v1.ObjectMetaArgs(name=charts.OPERATOR_NAMESPACE),
@@ -67,7 +67,7 @@ class RayWorkloads(pulumi.ComponentResource):
         self.service_account = k8s.core.v1.ServiceAccount(
             f"{name}-service-account",
             metadata=k8s.meta.v1.ObjectMetaArgs(
-                name=cfg.ray_service_account, namespace=self.namespace.metadata.name,
+                name=settings.service_account, namespace=self.namespace.metadata.name,
                 annotations={IRSA_ANNOTATION: irsa_role_arn}),
             automount_service_account_token=False,
             opts=in_cluster())
@@ -93,35 +93,35 @@ class RayWorkloads(pulumi.ComponentResource):
         def pinned(chart_name: str) -> pulumi.Output[str]:
             """The chart's image pinned by digest, resolved at preview and kept in state like the DLC image."""
             reference, pins = dlc_image.pin(
-                charts.image_to_pin(cfg, chart_name), name=f"{name}-{chart_name}-image",
+                charts.image_to_pin(settings, chart_name), name=f"{name}-{chart_name}-image",
                 subject=f"the {chart_name} chart's image ({charts.IMAGE_SOURCE})",
                 opts=pulumi.ResourceOptions(parent=self))
             self.image_pins[chart_name] = pins
             return reference
 
-        for chart in charts.releases(cfg):
-            values = pinned(chart.release).apply(lambda ref, c=chart: charts.with_pinned_image(c, cfg, ref))
+        for chart in charts.releases(settings):
+            values = pinned(chart.release).apply(lambda ref, c=chart: charts.with_pinned_image(c, settings, ref))
             release(chart, values, *([operator_namespace] if chart.namespace == charts.OPERATOR_NAMESPACE else []))
-        if cfg.scale_to_zero:
+        if settings.cluster_autoscaler:
             # After the node groups and their ASG tags, like everything in the cluster, so it goes before
             # any node group on destroy; after its role's policy, so it starts able to act.
-            release(charts.cluster_autoscaler(cfg, role_arn=""),
+            release(charts.cluster_autoscaler(settings, role_arn=""),
                     pulumi.Output.all(autoscaler_role_arn, pinned("cluster-autoscaler")).apply(
-                        lambda a: charts.with_pinned_image(charts.cluster_autoscaler(cfg, role_arn=a[0]), cfg, a[1])),
+                        lambda a: charts.with_pinned_image(charts.cluster_autoscaler(settings, role_arn=a[0]), settings, a[1])),
                     *autoscaler_dependencies)
 
         self.network_policies = [
             k8s.networking.v1.NetworkPolicy(
                 f"{name}-netpol-{policy['metadata']['name']}",
                 metadata=policy["metadata"], spec=policy["spec"], opts=in_cluster(self.namespace))
-            for policy in network_policy.policies(cfg)
+            for policy in network_policy.policies(settings)
         ]
 
         manifest = pulumi.Output.all(image, checkpoint_uri).apply(
-            lambda a: raycluster.manifest(cfg, image=a[0], checkpoint_uri=a[1]))
+            lambda a: raycluster.manifest(settings, image=a[0], checkpoint_uri=a[1]))
         cluster_opts = in_cluster(self.namespace, self.service_account, *self.network_policies,
                                   *self.releases.values())
-        if cfg.scale_to_zero:
+        if settings.autoscaled:
             cluster_opts = pulumi.ResourceOptions.merge(cluster_opts, pulumi.ResourceOptions(**RAYCLUSTER_AUTOSCALED_OPTIONS))
         self.ray_cluster = k8s.apiextensions.CustomResource(
             f"{name}-raycluster",

@@ -186,7 +186,7 @@ def merged_tags(resource, default_tags: dict[str, str]) -> dict[str, str]:
 
 def requests(result) -> tuple[list[Request], list[str]]:
     """Every request of a plan, and the resource types that have no mapping."""
-    from infra import offline
+    from deploy import offline
 
     (provider,) = [p for p in result.of_type("pulumi:providers:aws") if p.name == "aws"]
     default_tags = json.loads(provider.inputs["defaultTags"])["tags"]

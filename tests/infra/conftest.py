@@ -1,9 +1,9 @@
-"""Fixtures that run the Pulumi program in-process under mocks (infra.offline)."""
+"""Fixtures that run the Pulumi program in-process under mocks (deploy.offline)."""
 from __future__ import annotations
 
 import pytest
 
-from infra import offline
+from deploy import offline
 
 BASE = {
     "aws:region": "us-east-1",

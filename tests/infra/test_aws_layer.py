@@ -5,8 +5,9 @@ import json
 
 import pytest
 
-from infra import iam, offline
-from infra.program import PlacementError
+from deploy import offline
+from infra import iam
+from infra.preflight import PlacementError
 
 from .conftest import run_stack
 
@@ -212,15 +213,13 @@ def test_bucket_is_versioned_encrypted_private_and_cleans_uploads(dev):
 
 def _store(retain: bool):
     """Build only the CheckpointStore, to read its resource options."""
-    from infra.config import load
     from infra.storage import CheckpointStore
 
     holder = {}
 
     def program():
-        cfg = load({**{"aws:region": "us-east-1", "raytrain-eks:apiAccessCidrs": ["203.0.113.10/32"]},
-                    "raytrain-eks:retainCheckpointsOnDestroy": retain}, stack="dev")
-        holder["store"] = CheckpointStore("checkpoints", cfg, oidc_provider_arn="arn:oidc", oidc_issuer_url="https://oidc")
+        holder["store"] = CheckpointStore("checkpoints", bucket=None, bucket_prefix="team-ckpt-", retain=retain,
+                                          noncurrent_version_expiration_days=3, tags={})
         return {"uri": holder["store"].uri}
 
     offline.run({"aws:region": "us-east-1"}, program=program)
@@ -282,7 +281,7 @@ def test_p5_stack_costs_more_and_scales_the_launch_template(p5):
 
 
 def test_invalid_configuration_declares_nothing():
-    from infra.config import ConfigError
+    from deploy.config import ConfigError
 
     mocks = offline.RecordingMocks("us-east-1")
     with pytest.raises(ConfigError):

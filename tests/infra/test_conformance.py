@@ -14,7 +14,10 @@ import re
 import botocore.session
 import pytest
 
-from infra import aws_rules, catalog, offline, plan
+from facts import catalog
+from deploy import offline
+from infra import aws_rules
+from tests.stacks import read_stack_file
 
 from . import aws_requests as ar
 from .conftest import BASE
@@ -40,7 +43,7 @@ def _run(stack: str, raw: dict) -> offline.PlanResult:
 
 @pytest.fixture(scope="module")
 def plans() -> dict[str, offline.PlanResult]:
-    found = {f"shipped-{s}": _run(s, plan.read_stack_file(s)) for s in ("dev", "p5")}
+    found = {f"shipped-{s}": _run(s, read_stack_file(s)) for s in ("dev", "p5")}
     for name, (stack, overrides) in VARIANTS.items():
         found[name] = _run(stack, {**BASE, **{f"raytrain-eks:{k}": v for k, v in overrides.items()}})
     return found

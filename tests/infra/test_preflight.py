@@ -1,10 +1,10 @@
-"""What only the account can tell, through the lookups `pulumi preview` makes (answered by infra.offline's mocks
+"""What only the account can tell, through the lookups `pulumi preview` makes (answered by deploy.offline's mocks
 in the shapes AWS returns): zone IDs, capacity reservations and Capacity Blocks, the caller, vCPU quotas."""
 from __future__ import annotations
 
 import pytest
 
-from infra import offline, program
+from deploy import offline, program
 from infra.preflight import PlacementError, PreflightError
 
 from .conftest import BASE, run_stack

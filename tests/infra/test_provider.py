@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from infra import aws_provider, offline
+from deploy import offline
+from infra import aws_provider
 
 from .conftest import BASE
 
@@ -67,7 +68,7 @@ def test_region_is_the_stacks():
 
 
 def test_static_credentials_are_refused_and_unknown_settings_named():
-    from infra.config import ConfigError
+    from deploy.config import ConfigError
 
     with pytest.raises(ConfigError) as info:
         offline.run({**BASE, "aws:secretKey": "x", "aws:profil": "dev", "aws:assumeRole": {"roleArn": "r"}})

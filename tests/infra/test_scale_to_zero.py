@@ -9,9 +9,11 @@ from dataclasses import dataclass
 import pytest
 import yaml
 
-from infra import autoscaling, catalog, iam, nodes, offline, plan
-from infra.config import CLUSTER_AUTOSCALER_IMAGE_TAGS, SUPPORTED_KUBERNETES_VERSIONS, load
-from infra.cost import PARTS, hourly_cost
+from facts import catalog, nodes
+from deploy import offline, plan, program
+from infra import autoscaling, iam, node_pools
+from deploy.config import CLUSTER_AUTOSCALER_IMAGE_TAGS, SUPPORTED_KUBERNETES_VERSIONS, load
+from infra.cost import hourly_cost, parts
 from workloads import charts, raycluster
 
 from .conftest import BASE
@@ -56,6 +58,10 @@ def config(stack: str = "dev", **overrides):
     for key, value in {**STACKS[stack], **overrides}.items():
         raw[f"raytrain-eks:{key}"] = value
     return load(raw, stack=stack)
+
+
+def gpu_pool(stack: str = "dev", **overrides):
+    return config(stack, **overrides).pool("gpu")
 
 
 @pytest.fixture(scope="module")
@@ -116,54 +122,54 @@ def test_an_image_tag_with_a_digest_is_kept_as_given():
     pinned = "v1.36.1@sha256:" + "0f" * 32
     cfg = config(scaleToZero=True, clusterAutoscalerImageTag=pinned, clusterAutoscalerVersion="9.54.0")
     assert cfg.cluster_autoscaler_image_tag == pinned and cfg.cluster_autoscaler_version == "9.54.0"
-    assert charts.cluster_autoscaler(cfg, role_arn="arn:x").values["image"]["tag"] == pinned
+    assert charts.cluster_autoscaler(program.workloads(cfg), role_arn="arn:x").values["image"]["tag"] == pinned
 
 
 # --- pure data: scaling, tags, the node template ------------------------------------------------------
 
 def test_gpu_scaling_is_fixed_or_zero_to_gpu_node_count():
-    assert autoscaling.gpu_scaling(config(gpuNodeCount=3)) == {"min_size": 3, "max_size": 3, "desired_size": 3}
-    assert autoscaling.gpu_scaling(config(gpuNodeCount=3, scaleToZero=True)) == {
+    assert node_pools.scaling(gpu_pool(gpuNodeCount=3)) == {"min_size": 3, "max_size": 3, "desired_size": 3}
+    assert node_pools.scaling(gpu_pool(gpuNodeCount=3, scaleToZero=True)) == {
         "min_size": 0, "max_size": 3, "desired_size": 0}
-    assert autoscaling.gpu_ignore_changes(config()) is None
-    assert autoscaling.gpu_ignore_changes(config(scaleToZero=True)) == ["scalingConfig.desiredSize"]
+    assert node_pools.ignore_changes(gpu_pool()) is None
+    assert node_pools.ignore_changes(gpu_pool(scaleToZero=True)) == ["scalingConfig.desiredSize"]
 
 
 def test_node_template_advertises_what_one_gpu_node_has(stack):
-    cfg = config(stack, scaleToZero=True)
-    tags = autoscaling.node_template_tags(cfg)
+    pool = gpu_pool(stack, scaleToZero=True)
+    tags = node_pools.node_template(pool)
     gpus, efa = EXPECTED_DEVICES[stack]
     prefix = "k8s.io/cluster-autoscaler/node-template"
-    assert tags[f"{prefix}/resources/nvidia.com/gpu"] == gpus == str(cfg.gpu.gpus)
-    assert tags[f"{prefix}/resources/vpc.amazonaws.com/efa"] == efa == str(cfg.gpu.efa_interfaces)
-    assert tags[f"{prefix}/resources/hugepages-2Mi"] == cfg.gpu.hugepages_2mi == "5120Mi"
+    assert tags[f"{prefix}/resources/nvidia.com/gpu"] == gpus == str(pool.gpus)
+    assert tags[f"{prefix}/resources/vpc.amazonaws.com/efa"] == efa == str(pool.instance.efa_interfaces)
+    assert tags[f"{prefix}/resources/hugepages-2Mi"] == pool.instance.hugepages_2mi == "5120Mi"
     assert tags[f"{prefix}/taint/nvidia.com/gpu"] == "true:NoSchedule"
     labels = {k.removeprefix(f"{prefix}/label/"): v for k, v in tags.items() if k.startswith(f"{prefix}/label/")}
-    assert labels == autoscaling.gpu_labels(cfg)
-    assert labels["role"] == "gpu-worker" and labels[autoscaling.ACCELERATOR_LABEL] == {
+    assert labels == node_pools.node_labels(pool)
+    assert labels["role"] == "gpu-worker" and labels[nodes.ACCELERATOR_LABEL] == {
         "dev": "nvidia-l4", "p5": "nvidia-h100"}[stack]
 
 
 @pytest.mark.parametrize("gpu_type", sorted(catalog.GPU_TYPES))
 def test_a_ray_worker_fits_the_imagined_node_of_every_gpu_type(gpu_type):
     """CA scales up from zero only if the Pending worker pod fits the node the template describes."""
-    cfg = config(gpuNodeType=gpu_type, scaleToZero=True)
+    pool = gpu_pool(gpuNodeType=gpu_type, scaleToZero=True)
     prefix = "k8s.io/cluster-autoscaler/node-template/resources/"
-    offered = {k.removeprefix(prefix): v for k, v in autoscaling.node_template_tags(cfg).items() if k.startswith(prefix)}
-    requests = raycluster.worker_resources(cfg.gpu)
+    offered = {k.removeprefix(prefix): v for k, v in node_pools.node_template(pool).items() if k.startswith(prefix)}
+    requests = raycluster.worker_resources(pool.instance)
     extended = {k: v for k, v in requests.items() if k not in ("cpu", "memory")}
     assert set(extended) == set(offered)
     for name, quantity in extended.items():
         assert quantity == offered[name], name
-    assert int(requests["cpu"]) <= cfg.gpu.vcpus and int(requests["memory"].removesuffix("Gi")) <= cfg.gpu.memory_gib
-    for key, value in autoscaling.asg_tags(cfg).items():  # Auto Scaling tag limits
+    assert int(requests["cpu"]) <= pool.instance.vcpus
+    assert int(requests["memory"].removesuffix("Gi")) <= pool.instance.memory_gib
+    for key, value in autoscaling.asg_tags(pool, "raytrain-eks-dev").items():  # Auto Scaling tag limits
         assert len(key) <= 128 and len(value) <= 256, key
 
 
 def test_asg_and_node_group_tags_only_with_scale_to_zero():
-    assert autoscaling.asg_tags(config()) == {}
-    assert autoscaling.gpu_node_group_tags(config()) == config().resource_tags
-    tags = autoscaling.asg_tags(config(scaleToZero=True, clusterName="lab"))
+    assert autoscaling.asg_tags(gpu_pool(), "lab") == {}
+    tags = autoscaling.asg_tags(gpu_pool(scaleToZero=True), "lab")
     assert tags["k8s.io/cluster-autoscaler/enabled"] == "true"
     assert tags["k8s.io/cluster-autoscaler/lab"] == "owned"
 
@@ -176,8 +182,8 @@ def test_gpu_node_group_scales_from_zero_and_pulumi_leaves_its_size_alone(runs, 
     assert as_ints(gpu["scalingConfig"]) == {"minSize": 0, "maxSize": 2, "desiredSize": 0}
     assert gpu["tags"]["k8s.io/cluster-autoscaler/enabled"] == "true"
     assert gpu["tags"][f"k8s.io/cluster-autoscaler/raytrain-eks-{stack}"] == "owned"
-    assert gpu["labels"] == {**nodes.GPU_LABELS, autoscaling.ACCELERATOR_LABEL: autoscaling.accelerator(
-        config(stack).gpu)}
+    assert gpu["labels"] == {"role": "gpu-worker", "nvidia.com/gpu.present": "true", nodes.ACCELERATOR_LABEL: nodes.accelerator(
+        gpu_pool(stack).instance.gpu_model)}
     # What the engine receives: a path into an input that exists, in the schema's camelCase.
     assert runs[stack].reg(NODE_GROUP, "gpu-ng").ignore_changes == ("scalingConfig.desiredSize",)
     (path,) = runs[stack].reg(NODE_GROUP, "gpu-ng").ignore_changes
@@ -198,7 +204,7 @@ def test_asg_tags_land_on_the_gpu_node_groups_asg(runs, stack):
     asg_name = gpu.outputs["resources"][0]["autoscalingGroups"][0]["name"]
     tags = r.result.of_type(ASG_TAG)
     on_asg = {t.inputs["tag"]["key"]: t.inputs["tag"]["value"] for t in tags}
-    assert on_asg == autoscaling.asg_tags(config(stack, scaleToZero=True))
+    assert on_asg == autoscaling.asg_tags(gpu_pool(stack, scaleToZero=True), f"raytrain-eks-{stack}")
     assert len(on_asg) == len(tags)  # one resource per key
     for tag in tags:
         assert tag.inputs["autoscalingGroupName"] == asg_name
@@ -227,7 +233,8 @@ def test_cluster_autoscaler_release(runs, stack):
     role_arn = r.result.outputs["clusterAutoscalerRoleArn"]
     from workloads.image import PLACEHOLDER_DIGEST  # the chart's image is pinned like the DLC image
 
-    assert values == charts.with_pinned_image(charts.cluster_autoscaler(cfg, role_arn=role_arn), cfg,
+    settings = program.workloads(cfg)
+    assert values == charts.with_pinned_image(charts.cluster_autoscaler(settings, role_arn=role_arn), settings,
                                               f"{charts.AUTOSCALER_IMAGE}@{PLACEHOLDER_DIGEST}")
     assert values["cloudProvider"] == "aws" and values["awsRegion"] == "us-east-1"
     assert values["autoDiscovery"]["clusterName"] == r.result.outputs["clusterName"]
@@ -324,7 +331,8 @@ def test_raycluster_is_the_pure_manifest_and_autoscaled(runs, stack):
     out = runs[stack].result.outputs
     inputs = as_ints(runs[stack].result.one(RAYCLUSTER).inputs)
     cfg = config(stack, scaleToZero=True)
-    assert inputs == raycluster.manifest(cfg, image=out["dlcImage"], checkpoint_uri=out["checkpointBucketUri"])
+    assert inputs == raycluster.manifest(program.workloads(cfg), image=out["dlcImage"],
+                                         checkpoint_uri=out["checkpointBucketUri"])
     spec = inputs["spec"]
     assert spec["enableInTreeAutoscaling"] is True
     assert spec["autoscalerOptions"]["idleTimeoutSeconds"] == 600
@@ -337,11 +345,13 @@ def test_raycluster_is_the_pure_manifest_and_autoscaled(runs, stack):
 @pytest.mark.parametrize("stack_name,gpu_price", [("dev", 4.6016), ("p5", 55.04)])
 def test_cost_while_training_and_while_idle(runs, stack_name, gpu_price):
     cost = runs[stack_name].result.outputs["estimatedCostPerHour"]
-    assert cost == hourly_cost(config(stack_name, scaleToZero=True))
+    assert cost == hourly_cost(config(stack_name, scaleToZero=True).node_pools)
     assert cost["mode"] == "scale-to-zero"
     assert cost["gpuNodes"] == pytest.approx(2 * gpu_price)
-    assert cost["total"] == pytest.approx(sum(cost[k] for k in PARTS))
-    idle = sum(cost[k] for k in PARTS if k not in ("gpuNodes", "gpuRootVolumes"))
+    assert parts(cost) == ["gpuNodes", "gpuRootVolumes", "systemNodes", "systemRootVolumes", "controlPlane",
+                           "natGateway", "natPublicIpv4"]
+    assert cost["total"] == pytest.approx(sum(cost[k] for k in parts(cost)))
+    idle = sum(cost[k] for k in parts(cost) if k not in ("gpuNodes", "gpuRootVolumes"))
     assert cost["idleTotal"] == pytest.approx(idle) == pytest.approx(0.2016 + 0.0055 + 0.10 + 0.045 + 0.005)
     assert cost["total"] - cost["idleTotal"] == pytest.approx(2 * gpu_price + cost["gpuRootVolumes"])
 
@@ -379,7 +389,7 @@ def test_fixed_size_stack_has_none_of_it(fixed_dev):
         "nvidia-device-plugin", "aws-efa-k8s-device-plugin", "kuberay-operator"]
     gpu = result.one(NODE_GROUP, "gpu-ng").inputs
     assert as_ints(gpu["scalingConfig"]) == {"minSize": 2, "maxSize": 2, "desiredSize": 2}
-    assert gpu["labels"] == nodes.GPU_LABELS
+    assert gpu["labels"] == {"role": "gpu-worker", "nvidia.com/gpu.present": "true"}
     assert not [k for k in gpu["tags"] if k.startswith("k8s.io/cluster-autoscaler")]
     assert fixed_dev.reg(NODE_GROUP, "gpu-ng").ignore_changes == ()
     spec = as_ints(result.one(RAYCLUSTER).inputs["spec"])
@@ -388,22 +398,26 @@ def test_fixed_size_stack_has_none_of_it(fixed_dev):
     assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 2
     assert "annotations" not in group["template"]["metadata"]
     assert [v["name"] for v in spec["headGroupSpec"]["template"]["spec"]["volumes"]] == ["ray-tmp"]
-    assert set(result.outputs["estimatedCostPerHour"]) == {*PARTS, "total", "pricing"}
+    cost = result.outputs["estimatedCostPerHour"]
+    assert set(cost) == {*parts(cost), "total", "pricing"} and "idleTotal" not in cost
     assert "clusterAutoscalerRoleArn" not in result.outputs
 
 
 def test_scale_to_zero_changes_only_the_gpu_node_group_and_the_raycluster(fixed_dev, runs):
     """Both runs of the dev stack declare the same resources with the same inputs, except for what it adds."""
-    fixed = {(x.type, x.name): x.inputs for x in fixed_dev.result.resources}
-    scaled = {(x.type, x.name): x.inputs for x in runs["dev"].result.resources}
+    def declared(run):  # what the engine creates: components (how the program groups resources) left out
+        return {(x.type, x.name): x.inputs for x in run.result.resources if not x.type.startswith("raytrain:")}
+
+    fixed, scaled = declared(fixed_dev), declared(runs["dev"])
     added = set(scaled) - set(fixed)
     assert not set(fixed) - set(scaled)
-    assert {t for t, _ in added} == {ASG_TAG, ROLE, ROLE_POLICY, RELEASE, "raytrain:infra:ClusterAutoscalerRole",
+    assert {t for t, _ in added} == {ASG_TAG, ROLE, ROLE_POLICY, RELEASE,
                                      "pulumi-python:dynamic/raytrain:PinnedImage"}  # the autoscaler image's pin
-    assert len([k for k in added if k[0] == ASG_TAG]) == len(autoscaling.asg_tags(config(scaleToZero=True)))
+    assert len([k for k in added if k[0] == ASG_TAG]) == len(autoscaling.asg_tags(gpu_pool(scaleToZero=True), "x"))
     changed = {k for k in fixed if fixed[k] != scaled[k]}
     assert changed == {(NODE_GROUP, "gpu-ng"), (RAYCLUSTER, "ray-raycluster")}
     assert set(runs["dev"].result.outputs) - set(fixed_dev.result.outputs) == {"clusterAutoscalerRoleArn"}
-    same = {k for k in fixed_dev.result.outputs if k != "estimatedCostPerHour"}
+    assert runs["dev"].result.outputs["nodePools"]["gpu"]["minSize"] == 0
+    same = {k for k in fixed_dev.result.outputs if k not in ("estimatedCostPerHour", "nodePools")}
     assert {k: fixed_dev.result.outputs[k] for k in same} == {k: runs["dev"].result.outputs[k] for k in same}
 

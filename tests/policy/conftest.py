@@ -1,4 +1,4 @@
-"""The mocked program's resources as the policy pack sees them (infra.offline, no Pulumi CLI)."""
+"""The mocked program's resources as the policy pack sees them (deploy.offline, no Pulumi CLI)."""
 from __future__ import annotations
 
 import json
@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from infra import offline
-from infra.plan import read_stack_file
-from policy import rules
+from deploy import offline
+from tests.stacks import read_stack_file
+from policy import model, rules
 
 REPO = Path(__file__).resolve().parents[2]
 STACKS = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in REPO.glob("Pulumi.*.yaml"))
@@ -35,10 +35,10 @@ class Plan:
     recorded: list[offline.Recorded]
     ids: list[str]
 
-    def stack_resources(self) -> list[rules.Resource]:
+    def stack_resources(self) -> list[model.Resource]:
         """What AnalyzeStack sees: outputs, with the IDs the engine assigned."""
-        return [rules.Resource(r.type, r.name, r.outputs, f"urn:pulumi:{self.stack}::raytrain-eks::{r.type}::{r.name}", rid)
-                for r, rid in zip(self.recorded, self.ids)]
+        return [model.Resource(r.type, r.name, r.outputs, f"urn:pulumi:{self.stack}::raytrain-eks::{r.type}::{r.name}", rid)
+                for r, rid in zip(self.recorded, self.ids, strict=True)]
 
     def of_type(self, typ: str) -> list[offline.Recorded]:
         return [r for r in self.recorded if r.type == typ]
@@ -62,7 +62,7 @@ def evaluate(plan: Plan, config: dict[str, Any], *, extra: list[offline.Recorded
     """Every policy over the plan: resource rules on each resource's inputs (as Analyze gets them),
     stack rules on all outputs (as AnalyzeStack gets them)."""
     recorded = [*plan.recorded, *extra]
-    stack = plan.stack_resources() + [rules.Resource(r.type, r.name, r.outputs, f"urn:extra::{r.name}") for r in extra]
+    stack = plan.stack_resources() + [model.Resource(r.type, r.name, r.outputs, f"urn:extra::{r.name}") for r in extra]
     found: dict[str, list] = {}
     for rule in rules.RULES:
         if rule.kind == "resource":
@@ -77,7 +77,7 @@ def plans() -> dict[str, Plan]:
     return {stack: plan_stack(stack) for stack in STACKS}
 
 
-def first_preview(resources: list[rules.Resource]) -> list[rules.Resource]:
+def first_preview(resources: list[model.Resource]) -> list[model.Resource]:
     """The same stack as a first `pulumi preview` shows it: no resource has an ID yet, every property
     holding one is unknown, and the engine's property dependencies say which resource it came from."""
     urns_by_id: dict[str, list[str]] = {}
@@ -87,7 +87,7 @@ def first_preview(resources: list[rules.Resource]) -> list[rules.Resource]:
     def hide(value: Any, deps: set[str]) -> Any:
         if isinstance(value, str) and value in urns_by_id:
             deps.update(urns_by_id[value])
-            return rules.UNKNOWN
+            return model.UNKNOWN
         if isinstance(value, dict):
             return {k: hide(v, deps) for k, v in value.items()}
         if isinstance(value, list):
@@ -102,5 +102,5 @@ def first_preview(resources: list[rules.Resource]) -> list[rules.Resource]:
             props[key] = hide(value, found)
             if found:
                 deps[key] = tuple(sorted(found))
-        previewed.append(rules.Resource(r.type, r.name, props, r.urn, None, deps))
+        previewed.append(model.Resource(r.type, r.name, props, r.urn, None, deps))
     return previewed

@@ -17,7 +17,7 @@ from google.protobuf import empty_pb2, struct_pb2
 from pulumi.runtime.proto import analyzer_pb2, analyzer_pb2_grpc
 from pulumi_policy.proxy import UNKNOWN_STRING_VALUE
 
-from policy import pack, rules
+from policy import model, pack, rules
 
 from .conftest import REPO, evaluate, pack_config
 
@@ -58,7 +58,7 @@ def analyze(stub, typ: str, props: dict) -> list:
     return list(stub.Analyze(request).diagnostics)
 
 
-def stack_request(resources: list[rules.Resource]) -> analyzer_pb2.AnalyzeStackRequest:
+def stack_request(resources: list[model.Resource]) -> analyzer_pb2.AnalyzeStackRequest:
     """Outputs as the engine sends them: the physical ID among them (bridged providers output `id`)."""
     return analyzer_pb2.AnalyzeStackRequest(resources=[analyzer_pb2.AnalyzerResource(
         type=r.type, name=r.name, urn=r.urn, properties=struct({**r.props, **({"id": r.id} if r.id else {})}),
@@ -90,9 +90,9 @@ def test_analyzer_info_lists_every_rule_mandatory_with_config_schemas(analyzer):
 
 def test_analyze_reports_a_violation_as_mandatory_and_passes_a_compliant_resource(analyzer):
     good = {"metadataOptions": {"httpTokens": "required", "httpPutResponseHopLimit": 1, "httpEndpoint": "enabled"}}
-    assert analyze(analyzer, rules.LAUNCH_TEMPLATE, good) == []
+    assert analyze(analyzer, model.LAUNCH_TEMPLATE, good) == []
     bad = {"metadataOptions": {"httpTokens": "optional", "httpPutResponseHopLimit": 1}}
-    (diag,) = analyze(analyzer, rules.LAUNCH_TEMPLATE, bad)
+    (diag,) = analyze(analyzer, model.LAUNCH_TEMPLATE, bad)
     assert diag.policyName == "imdsv2-required" and diag.enforcementLevel == analyzer_pb2.MANDATORY
     assert "httpTokens is 'optional'" in diag.message and diag.policyPackName == pack.PACK_NAME
 
@@ -113,17 +113,17 @@ def test_unknown_image_during_preview_is_advisory_but_a_known_exposure_still_blo
     assert analyze(analyzer, "kubernetes:ray.io/v1:RayCluster", cluster) == []
 
 
-def first_preview_efa_stack(with_egress: bool) -> list[rules.Resource]:
+def first_preview_efa_stack(with_egress: bool) -> list[model.Resource]:
     """A fresh stack's preview: no IDs yet, references only known through property dependencies."""
-    sg = rules.Resource(rules.SECURITY_GROUP, "gpu-efa", {"vpcId": UNKNOWN, "id": UNKNOWN}, "urn:sg")
-    lt = rules.Resource(rules.LAUNCH_TEMPLATE, "gpu-lt", {"networkInterfaces": [
+    sg = model.Resource(model.SECURITY_GROUP, "gpu-efa", {"vpcId": UNKNOWN, "id": UNKNOWN}, "urn:sg")
+    lt = model.Resource(model.LAUNCH_TEMPLATE, "gpu-lt", {"networkInterfaces": [
         {"interfaceType": "efa", "deviceIndex": 0, "securityGroups": [UNKNOWN, UNKNOWN]}]},
         "urn:lt", deps={"networkInterfaces": ["urn:cluster", "urn:sg"]})
     refs = {"securityGroupId": ["urn:sg"], "referencedSecurityGroupId": ["urn:sg"]}
     rule_props = {"securityGroupId": UNKNOWN, "referencedSecurityGroupId": UNKNOWN, "ipProtocol": "-1"}
-    stack = [sg, lt, rules.Resource(rules.VPC_INGRESS, "in", rule_props, "urn:in", deps=refs)]
+    stack = [sg, lt, model.Resource(model.VPC_INGRESS, "in", rule_props, "urn:in", deps=refs)]
     if with_egress:
-        stack.append(rules.Resource(rules.VPC_EGRESS, "out", rule_props, "urn:out", deps=refs))
+        stack.append(model.Resource(model.VPC_EGRESS, "out", rule_props, "urn:out", deps=refs))
     return stack
 
 
@@ -151,8 +151,8 @@ def test_configured_gpu_cap_applies_to_the_whole_mocked_program(analyzer, plans)
 
 
 def test_plain_unwraps_the_sdk_proxy_and_marks_unknowns():
-    from pulumi_policy.proxy import unknown_checking_proxy
+    from pulumi_policy.proxy import UnknownValueError, unknown_checking_proxy
     props = unknown_checking_proxy({"a": [1, {"b": UNKNOWN}], "c": "x"})
-    with pytest.raises(Exception):
+    with pytest.raises(UnknownValueError):
         props["a"][1]["b"]
-    assert pack.plain(props) == {"a": [1, {"b": rules.UNKNOWN}], "c": "x"}
+    assert pack.plain(props) == {"a": [1, {"b": model.UNKNOWN}], "c": "x"}

@@ -5,8 +5,8 @@ import copy
 
 import pytest
 
-from infra import offline
-from policy import rules
+from deploy import offline
+from policy import model, rules
 
 from .conftest import STACKS, Plan, evaluate, pack_config, plan_stack
 
@@ -23,9 +23,9 @@ def test_every_stack_passes_every_policy_with_its_config(plans, stack):
     found = evaluate(plan, pack_config(stack))
     assert found == {rule.name: [] for rule in rules.RULES}
     # not vacuous: the things the rules look at are in the plan
-    (gpu_lt,) = [r for r in plan.of_type(rules.LAUNCH_TEMPLATE) if r.inputs.get("networkInterfaces")]
+    (gpu_lt,) = [r for r in plan.of_type(model.LAUNCH_TEMPLATE) if r.inputs.get("networkInterfaces")]
     assert {i["interfaceType"] for i in gpu_lt.inputs["networkInterfaces"]} <= {"efa", "efa-only"}
-    assert plan.of_type(rules.EKS_CLUSTER) and plan.of_type(rules.VPC_EGRESS) and plan.of_type(rules.HELM_RELEASE)
+    assert plan.of_type(model.EKS_CLUSTER) and plan.of_type(model.VPC_EGRESS) and plan.of_type(model.HELM_RELEASE)
     (ray,) = plan.of_type(RAY_CLUSTER)
     assert ray.inputs["spec"]["headGroupSpec"]["rayStartParams"]["dashboard-host"] == "0.0.0.0"
 
@@ -55,14 +55,14 @@ def flawed(plan: Plan, typ: str, name: str | None, change) -> Plan:
 
 
 def test_imds_v1_on_the_gpu_launch_template(plans):
-    plan = flawed(plans["dev"], rules.LAUNCH_TEMPLATE, "gpu-lt",
+    plan = flawed(plans["dev"], model.LAUNCH_TEMPLATE, "gpu-lt",
                   lambda p: p["metadataOptions"].update(httpTokens="optional"))
     ((name, message),) = only(evaluate(plan, pack_config("dev")), "imdsv2-required")
     assert name == "gpu-lt" and "httpTokens is 'optional'" in message
 
 
 def test_public_ip_on_the_efa_interface(plans):
-    plan = flawed(plans["p5"], rules.LAUNCH_TEMPLATE, "gpu-lt",
+    plan = flawed(plans["p5"], model.LAUNCH_TEMPLATE, "gpu-lt",
                   lambda p: p["networkInterfaces"][5].update(associatePublicIpAddress="true"))
     ((name, message),) = only(evaluate(plan, pack_config("p5")), "no-public-ip-on-nodes")
     assert "networkInterfaces[5]" in message
@@ -70,7 +70,7 @@ def test_public_ip_on_the_efa_interface(plans):
 
 def test_endpoint_open_to_the_world(plans):
     """The stack config refuses 0.0.0.0/0 already; the policy is the second line for edits that bypass it."""
-    plan = flawed(plans["dev"], rules.EKS_CLUSTER, None,
+    plan = flawed(plans["dev"], model.EKS_CLUSTER, None,
                   lambda p: p["vpcConfig"].update(publicAccessCidrs=["0.0.0.0/0"]))
     ((_, message),) = only(evaluate(plan, pack_config("dev")), "eks-endpoint-restricted")
     assert "0.0.0.0/0" in message
@@ -88,7 +88,7 @@ def test_a_load_balancer_added_to_the_ray_namespace(plans):
     svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "dashboard", "namespace": namespace},
            "spec": {"type": "LoadBalancer", "ports": [{"port": 443, "targetPort": 8265}],
                     "selector": {"ray.io/node-type": "head"}}}
-    extra = offline.Recorded(rules.SERVICE, "dashboard", svc, svc)
+    extra = offline.Recorded(model.SERVICE, "dashboard", svc, svc)
     ((name, _),) = only(evaluate(plans["dev"], pack_config("dev"), extra=[extra]), "ray-not-exposed")
     assert name == "dashboard"
 
@@ -104,7 +104,7 @@ def test_ray_image_by_tag(plans):
 
 def test_efa_group_without_its_outbound_self_rule(plans):
     plan = plans["dev"]
-    keep = [i for i, r in enumerate(plan.recorded) if r.type != rules.VPC_EGRESS]
+    keep = [i for i, r in enumerate(plan.recorded) if r.type != model.VPC_EGRESS]
     broken = Plan(plan.stack, [plan.recorded[i] for i in keep], [plan.ids[i] for i in keep])
     (violation,) = only(evaluate(broken, pack_config("dev")), "efa-security-group-self-rules")
     assert "lacks the all-traffic egress rule" in violation.message
@@ -112,10 +112,10 @@ def test_efa_group_without_its_outbound_self_rule(plans):
 
 def test_node_group_subnet_that_maps_public_ips(plans):
     plan = plans["dev"]
-    (gpu,) = [r for r in plan.of_type(rules.NODE_GROUP) if r.name == "gpu-ng"]
+    (gpu,) = [r for r in plan.of_type(model.NODE_GROUP) if r.name == "gpu-ng"]
     subnet_id = gpu.inputs["subnetIds"][0]
-    (name,) = [r.name for r, rid in zip(plan.recorded, plan.ids) if rid == subnet_id and r.type == rules.SUBNET]
-    broken = flawed(plan, rules.SUBNET, name, lambda p: p.update(mapPublicIpOnLaunch=True))
+    (name,) = [r.name for r, rid in zip(plan.recorded, plan.ids, strict=True) if rid == subnet_id and r.type == model.SUBNET]
+    broken = flawed(plan, model.SUBNET, name, lambda p: p.update(mapPublicIpOnLaunch=True))
     violations = only(evaluate(broken, pack_config("dev")), "nodes-in-private-subnets")
     # the GPU AZ's private subnet also carries the system nodes
     assert sorted(v.message.split()[2] for v in violations) == ["gpu-ng", "system-ng"]
@@ -132,7 +132,7 @@ def test_more_gpu_nodes_than_the_stack_allows(stack, count):
 
 def test_scale_to_zero_passes_and_is_capped_by_its_maximum_not_its_desired_size():
     plan = plan_stack("dev", scaleToZero=True)
-    (gpu,) = [r for r in plan.of_type(rules.NODE_GROUP) if r.name == "gpu-ng"]
+    (gpu,) = [r for r in plan.of_type(model.NODE_GROUP) if r.name == "gpu-ng"]
     assert gpu.inputs["scalingConfig"]["desiredSize"] == 0
     assert evaluate(plan, pack_config("dev")) == {rule.name: [] for rule in rules.RULES}
     (violation,) = only(evaluate(plan_stack("dev", scaleToZero=True, gpuNodeCount=5), pack_config("dev")),

@@ -5,8 +5,9 @@ import copy
 
 import pytest
 
-from policy import rules
-from policy.rules import BY_NAME, UNKNOWN, PolicyConfigError, Resource
+from policy import model, rules
+from policy.model import UNKNOWN, PolicyConfigError, Resource
+from policy.rules import BY_NAME
 
 DIGEST = "public.ecr.aws/deep-learning-containers/ray@sha256:" + "0123456789abcdef" * 4
 
@@ -20,7 +21,7 @@ def check(rule: str, resource_type: str, props: dict, **config) -> list[str]:
 GOOD_METADATA = {"httpEndpoint": "enabled", "httpTokens": "required", "httpPutResponseHopLimit": 1.0}
 
 
-@pytest.mark.parametrize("resource_type", [rules.LAUNCH_TEMPLATE, rules.INSTANCE])
+@pytest.mark.parametrize("resource_type", [model.LAUNCH_TEMPLATE, model.INSTANCE])
 def test_imdsv2_accepts_tokens_required_and_one_hop(resource_type):
     assert check("imdsv2-required", resource_type, {"metadataOptions": GOOD_METADATA}) == []
     assert check("imdsv2-required", resource_type, {"metadataOptions": {"httpEndpoint": "disabled"}}) == []
@@ -34,25 +35,25 @@ def test_imdsv2_accepts_tokens_required_and_one_hop(resource_type):
 ])
 def test_imdsv2_violations(options, expected):
     props = {} if options is None else {"metadataOptions": options}
-    (message,) = check("imdsv2-required", rules.LAUNCH_TEMPLATE, props)
+    (message,) = check("imdsv2-required", model.LAUNCH_TEMPLATE, props)
     assert expected in message
 
 
 def test_imdsv2_hop_limit_is_configurable():
     props = {"metadataOptions": {**GOOD_METADATA, "httpPutResponseHopLimit": 2}}
-    assert check("imdsv2-required", rules.LAUNCH_TEMPLATE, props, maxHopLimit=2) == []
+    assert check("imdsv2-required", model.LAUNCH_TEMPLATE, props, maxHopLimit=2) == []
 
 
 def test_imdsv2_node_group_needs_a_launch_template():
-    assert check("imdsv2-required", rules.NODE_GROUP, {"launchTemplate": {"id": "lt-1", "version": "1"}}) == []
-    (message,) = check("imdsv2-required", rules.NODE_GROUP, {"instanceTypes": ["m7i.xlarge"]})
+    assert check("imdsv2-required", model.NODE_GROUP, {"launchTemplate": {"id": "lt-1", "version": "1"}}) == []
+    (message,) = check("imdsv2-required", model.NODE_GROUP, {"instanceTypes": ["m7i.xlarge"]})
     assert "no launchTemplate" in message
 
 
 def test_imdsv2_unknown_tokens_cannot_be_decided_but_known_violations_still_report():
-    with pytest.raises(rules.Unknown, match="metadataOptions.httpTokens"):
-        check("imdsv2-required", rules.LAUNCH_TEMPLATE, {"metadataOptions": {**GOOD_METADATA, "httpTokens": UNKNOWN}})
-    (message,) = check("imdsv2-required", rules.LAUNCH_TEMPLATE,
+    with pytest.raises(model.Unknown, match="metadataOptions.httpTokens"):
+        check("imdsv2-required", model.LAUNCH_TEMPLATE, {"metadataOptions": {**GOOD_METADATA, "httpTokens": UNKNOWN}})
+    (message,) = check("imdsv2-required", model.LAUNCH_TEMPLATE,
                        {"metadataOptions": {"httpTokens": UNKNOWN, "httpPutResponseHopLimit": 3}})
     assert "httpPutResponseHopLimit is 3" in message
 
@@ -61,18 +62,18 @@ def test_imdsv2_unknown_tokens_cannot_be_decided_but_known_violations_still_repo
 
 def test_no_public_ip_on_launch_template_interfaces():
     private = {"networkInterfaces": [{"interfaceType": "efa", "associatePublicIpAddress": "false"}]}
-    assert check("no-public-ip-on-nodes", rules.LAUNCH_TEMPLATE, private) == []
-    assert check("no-public-ip-on-nodes", rules.LAUNCH_TEMPLATE, {}) == []
+    assert check("no-public-ip-on-nodes", model.LAUNCH_TEMPLATE, private) == []
+    assert check("no-public-ip-on-nodes", model.LAUNCH_TEMPLATE, {}) == []
     for public in ("true", True):
         props = {"networkInterfaces": [private["networkInterfaces"][0],
                                        {"deviceIndex": 1, "associatePublicIpAddress": public}]}
-        (message,) = check("no-public-ip-on-nodes", rules.LAUNCH_TEMPLATE, props)
+        (message,) = check("no-public-ip-on-nodes", model.LAUNCH_TEMPLATE, props)
         assert "networkInterfaces[1].associatePublicIpAddress" in message
 
 
 def test_no_public_ip_on_instances():
-    assert check("no-public-ip-on-nodes", rules.INSTANCE, {"associatePublicIpAddress": False}) == []
-    (message,) = check("no-public-ip-on-nodes", rules.INSTANCE, {"associatePublicIpAddress": True})
+    assert check("no-public-ip-on-nodes", model.INSTANCE, {"associatePublicIpAddress": False}) == []
+    (message,) = check("no-public-ip-on-nodes", model.INSTANCE, {"associatePublicIpAddress": True})
     assert "public IP" in message
 
 
@@ -88,7 +89,7 @@ def cluster(**vpc) -> dict:
     cluster(endpointPublicAccess=False, publicAccessCidrs=["0.0.0.0/0"]),
 ])
 def test_eks_endpoint_compliant(props):
-    assert check("eks-endpoint-restricted", rules.EKS_CLUSTER, props) == []
+    assert check("eks-endpoint-restricted", model.EKS_CLUSTER, props) == []
 
 
 @pytest.mark.parametrize("props, expected", [
@@ -99,14 +100,14 @@ def test_eks_endpoint_compliant(props):
     (cluster(endpointPublicAccess=True, publicAccessCidrs=["office"]), "not a CIDR"),
 ])
 def test_eks_endpoint_violations(props, expected):
-    (message,) = check("eks-endpoint-restricted", rules.EKS_CLUSTER, props)
+    (message,) = check("eks-endpoint-restricted", model.EKS_CLUSTER, props)
     assert expected in message
 
 
 def test_eks_endpoint_of_the_pulumi_eks_component():
-    assert check("eks-endpoint-restricted", rules.EKS_COMPONENT_CLUSTER,
+    assert check("eks-endpoint-restricted", model.EKS_COMPONENT_CLUSTER,
                  {"endpointPublicAccess": True, "publicAccessCidrs": ["203.0.113.10/32"]}) == []
-    assert check("eks-endpoint-restricted", rules.EKS_COMPONENT_CLUSTER,
+    assert check("eks-endpoint-restricted", model.EKS_COMPONENT_CLUSTER,
                  {"endpointPublicAccess": True, "publicAccessCidrs": ["0.0.0.0/0"]})
 
 
@@ -129,7 +130,7 @@ RAY_SELECTOR = {"ray.io/cluster": "raytrain", "ray.io/node-type": "head"}
     service("web", "NodePort", ports=[{"name": "https", "port": 443}]),
 ])
 def test_services_that_do_not_expose_ray(props):
-    assert check("ray-not-exposed", rules.SERVICE, props) == []
+    assert check("ray-not-exposed", model.SERVICE, props) == []
 
 
 @pytest.mark.parametrize("props, expected", [
@@ -141,14 +142,14 @@ def test_services_that_do_not_expose_ray(props):
     (service("ray", "ClusterIP", externalIPs=["198.51.100.7"]), "externalIPs"),
 ])
 def test_services_that_expose_ray(props, expected):
-    (message,) = check("ray-not-exposed", rules.SERVICE, props)
+    (message,) = check("ray-not-exposed", model.SERVICE, props)
     assert expected in message and "port-forward" in message
 
 
 def test_the_ray_namespaces_are_configurable():
     props = service("training", "LoadBalancer")
-    assert check("ray-not-exposed", rules.SERVICE, props) == []
-    assert check("ray-not-exposed", rules.SERVICE, props, rayNamespaces=["ray", "training"])
+    assert check("ray-not-exposed", model.SERVICE, props) == []
+    assert check("ray-not-exposed", model.SERVICE, props, rayNamespaces=["ray", "training"])
 
 
 def ingress(namespace, name, port) -> dict:
@@ -225,21 +226,21 @@ def test_ray_job_and_ray_service_embed_a_cluster_spec():
 def test_helm_releases_for_ray_keep_services_internal():
     operator = {"name": "kuberay-operator", "chart": "kuberay-operator", "namespace": "kuberay-system",
                 "values": {"service": {"type": "ClusterIP"}}}
-    assert check("ray-not-exposed", rules.HELM_RELEASE, operator) == []
+    assert check("ray-not-exposed", model.HELM_RELEASE, operator) == []
     exposed = copy.deepcopy(operator)
     exposed["values"]["service"]["type"] = "LoadBalancer"
-    (message,) = check("ray-not-exposed", rules.HELM_RELEASE, exposed)
+    (message,) = check("ray-not-exposed", model.HELM_RELEASE, exposed)
     assert "values.service.type=LoadBalancer" in message
     in_ray_ns = {"name": "dash", "chart": "grafana", "namespace": "ray", "values": {"ingress": {"enabled": True}}}
-    (message,) = check("ray-not-exposed", rules.HELM_RELEASE, in_ray_ns)
+    (message,) = check("ray-not-exposed", model.HELM_RELEASE, in_ray_ns)
     assert "values.ingress.enabled=true" in message
     unrelated = {"name": "web", "chart": "nginx", "namespace": "web", "values": {"service": {"type": "LoadBalancer"}}}
-    assert check("ray-not-exposed", rules.HELM_RELEASE, unrelated) == []
+    assert check("ray-not-exposed", model.HELM_RELEASE, unrelated) == []
 
 
 def test_ray_service_with_unknown_type_is_undecided():
-    with pytest.raises(rules.Unknown, match="spec.type"):
-        check("ray-not-exposed", rules.SERVICE, service("ray", UNKNOWN))
+    with pytest.raises(model.Unknown, match="spec.type"):
+        check("ray-not-exposed", model.SERVICE, service("ray", UNKNOWN))
 
 
 # --- images-by-digest --------------------------------------------------------------------
@@ -255,7 +256,7 @@ def test_images_by_digest_compliant():
     tagged_and_digested = DIGEST.replace("/ray@", "/ray:train-ml-cuda-v1.1@")
     assert check("images-by-digest", "kubernetes:core/v1:Pod",
                  {"spec": {"containers": [{"name": "x", "image": tagged_and_digested}]}}) == []
-    assert check("images-by-digest", rules.LAUNCH_TEMPLATE, {"imageId": "ami-123"}) == []
+    assert check("images-by-digest", model.LAUNCH_TEMPLATE, {"imageId": "ami-123"}) == []
 
 
 @pytest.mark.parametrize("image", [
@@ -282,7 +283,7 @@ def test_images_in_every_ray_cluster_pod_template():
 
 
 def test_unknown_image_is_checked_at_up_time():
-    with pytest.raises(rules.Unknown):
+    with pytest.raises(model.Unknown):
         check("images-by-digest", RAY_CLUSTER, {"spec": {"headGroupSpec": {"template": {"spec": {
             "containers": [{"name": "ray-head", "image": UNKNOWN}]}}}}})
 
@@ -295,8 +296,8 @@ def efa_stack(*, ingress=True, egress=True, rule_style="vpc", known_ids=True) ->
     known_ids=False is a first preview: IDs are unknown, references resolve through property dependencies.
     """
     sg_id = "sg-efa" if known_ids else UNKNOWN
-    group = Resource(rules.SECURITY_GROUP, "gpu-efa", {"vpcId": "vpc-1"}, "urn:sg", sg_id)
-    template = Resource(rules.LAUNCH_TEMPLATE, "gpu-lt", {"networkInterfaces": [{
+    group = Resource(model.SECURITY_GROUP, "gpu-efa", {"vpcId": "vpc-1"}, "urn:sg", sg_id)
+    template = Resource(model.LAUNCH_TEMPLATE, "gpu-lt", {"networkInterfaces": [{
         "interfaceType": "efa", "deviceIndex": 0, "networkCardIndex": 0,
         "securityGroups": ["sg-cluster", sg_id]}]}, "urn:lt", "lt-1", {"networkInterfaces": ("urn:cluster", "urn:sg")})
     refs = {"securityGroupId": ("urn:sg",), "referencedSecurityGroupId": ("urn:sg",), "sourceSecurityGroupId": ("urn:sg",)}
@@ -305,11 +306,11 @@ def efa_stack(*, ingress=True, egress=True, rule_style="vpc", known_ids=True) ->
         if not wanted:
             continue
         if rule_style == "vpc":
-            typ = rules.VPC_INGRESS if direction == "ingress" else rules.VPC_EGRESS
+            typ = model.VPC_INGRESS if direction == "ingress" else model.VPC_EGRESS
             stack.append(Resource(typ, f"efa-{direction}", {"securityGroupId": sg_id, "referencedSecurityGroupId": sg_id,
                                                           "ipProtocol": "-1"}, f"urn:{direction}", None, refs))
         elif rule_style == "ec2":
-            stack.append(Resource(rules.SG_RULE, f"efa-{direction}", {"type": direction, "securityGroupId": sg_id,
+            stack.append(Resource(model.SG_RULE, f"efa-{direction}", {"type": direction, "securityGroupId": sg_id,
                                                                      "self": True, "protocol": "all", "fromPort": 0,
                                                                      "toPort": 0}, f"urn:{direction}", None, refs))
         else:
@@ -342,26 +343,26 @@ def test_efa_group_missing_both_directions():
 
 def test_efa_rules_must_cover_all_protocols_and_reference_the_group_itself():
     stack = efa_stack()
-    tcp_only = Resource(rules.VPC_EGRESS, "efa-egress", {**stack[3].props, "ipProtocol": "tcp"}, "urn:egress")
+    tcp_only = Resource(model.VPC_EGRESS, "efa-egress", {**stack[3].props, "ipProtocol": "tcp"}, "urn:egress")
     assert "egress" in efa([*stack[:3], tcp_only])[0].message
-    to_world = Resource(rules.VPC_EGRESS, "efa-egress", {"securityGroupId": "sg-efa", "cidrIpv4": "0.0.0.0/0",
+    to_world = Resource(model.VPC_EGRESS, "efa-egress", {"securityGroupId": "sg-efa", "cidrIpv4": "0.0.0.0/0",
                                                          "ipProtocol": "-1"}, "urn:egress")
     assert "egress" in efa([*stack[:3], to_world])[0].message
 
 
 def test_efa_interface_with_only_groups_from_outside_the_stack():
-    template = Resource(rules.LAUNCH_TEMPLATE, "gpu-lt", {"networkInterfaces": [{
+    template = Resource(model.LAUNCH_TEMPLATE, "gpu-lt", {"networkInterfaces": [{
         "interfaceType": "efa-only", "securityGroups": ["sg-cluster"]}]}, "urn:lt")
     (violation,) = efa([template])
     assert "not declared in this stack (sg-cluster)" in violation.message
 
 
 def test_efa_unresolvable_unknown_groups_are_undecided_and_non_efa_templates_are_ignored():
-    template = Resource(rules.LAUNCH_TEMPLATE, "gpu-lt", {"networkInterfaces": [{
+    template = Resource(model.LAUNCH_TEMPLATE, "gpu-lt", {"networkInterfaces": [{
         "interfaceType": "efa", "securityGroups": UNKNOWN}]}, "urn:lt")
-    with pytest.raises(rules.Unknown):
+    with pytest.raises(model.Unknown):
         efa([template])
-    plain = Resource(rules.LAUNCH_TEMPLATE, "system-lt", {"networkInterfaces": [{"securityGroups": ["sg-1"]}]})
+    plain = Resource(model.LAUNCH_TEMPLATE, "system-lt", {"networkInterfaces": [{"securityGroups": ["sg-1"]}]})
     assert efa([plain]) == []
 
 
@@ -370,7 +371,7 @@ def test_efa_unresolvable_unknown_groups_are_undecided_and_non_efa_templates_are
 def node_group(name, instance_type, max_size, ami="AL2023_x86_64_STANDARD", **extra) -> Resource:
     props = {"instanceTypes": [instance_type] if instance_type else [], "amiType": ami,
              "scalingConfig": {"minSize": 1.0, "desiredSize": float(max_size), "maxSize": float(max_size)}, **extra}
-    return Resource(rules.NODE_GROUP, name, props, f"urn:{name}", f"{name}-id")
+    return Resource(model.NODE_GROUP, name, props, f"urn:{name}", f"{name}-id")
 
 
 def gpus(stack, **config):
@@ -386,7 +387,7 @@ def test_gpu_nodes_within_the_default_cap():
 def test_gpu_nodes_over_the_cap_count_every_gpu_group_and_instance():
     stack = [node_group("system", "m7i.xlarge", 10), node_group("gpu", "g6.12xlarge", 2),
              node_group("p5", "p5.48xlarge", 2),
-             Resource(rules.INSTANCE, "debug-box", {"instanceType": "g5.xlarge"}, "urn:debug")]
+             Resource(model.INSTANCE, "debug-box", {"instanceType": "g5.xlarge"}, "urn:debug")]
     (violation,) = gpus(stack)
     assert "can run 5 GPU nodes (gpu: 2, p5: 2, debug-box: 1), more than maxGpuNodes=4" in violation.message
     assert gpus(stack, maxGpuNodes=5) == []
@@ -403,7 +404,7 @@ def test_gpu_node_groups_are_recognised_by_family_or_ami(group):
 
 
 def test_gpu_type_from_the_launch_template_of_the_node_group():
-    template = Resource(rules.LAUNCH_TEMPLATE, "lt", {"instanceType": "p5.48xlarge"}, "urn:lt", "lt-1")
+    template = Resource(model.LAUNCH_TEMPLATE, "lt", {"instanceType": "p5.48xlarge"}, "urn:lt", "lt-1")
     group = node_group("g", None, 3, launchTemplate={"id": "lt-1", "version": "1"})
     assert gpus([template, group], maxGpuNodes=2)
     assert gpus([Resource(template.type, "lt", {"instanceType": "m7i.large"}, "urn:lt", "lt-1"), group],
@@ -413,15 +414,15 @@ def test_gpu_type_from_the_launch_template_of_the_node_group():
 def test_gpu_cap_with_unknown_size_is_undecided():
     group = node_group("g", "g6.12xlarge", 1)
     group.props["scalingConfig"]["maxSize"] = UNKNOWN
-    with pytest.raises(rules.Unknown):
+    with pytest.raises(model.Unknown):
         gpus([group])
 
 
 # --- stack rules: private subnets -----------------------------------------------------------------
 
 def test_node_groups_only_in_subnets_without_public_ips():
-    private = Resource(rules.SUBNET, "private-a", {"mapPublicIpOnLaunch": False}, "urn:a", "subnet-a")
-    public = Resource(rules.SUBNET, "public-a", {"mapPublicIpOnLaunch": True}, "urn:b", "subnet-b")
+    private = Resource(model.SUBNET, "private-a", {"mapPublicIpOnLaunch": False}, "urn:a", "subnet-a")
+    public = Resource(model.SUBNET, "public-a", {"mapPublicIpOnLaunch": True}, "urn:b", "subnet-b")
     group = node_group("system", "m7i.xlarge", 1, subnetIds=["subnet-a"])
     check_subnets = BY_NAME["nodes-in-private-subnets"].check
     assert check_subnets([private, public, group]) == []
@@ -519,8 +520,8 @@ def test_the_programs_rayclusters_are_least_privileged_in_a_default_deny_namespa
 # --- ray-namespace-default-deny -------------------------------------------------------------------------
 
 def _stack_with(*policies) -> list:
-    cluster = rules.Resource(RAY_CLUSTER, "ray-raycluster", ray_cluster(), "urn:ray")
-    return [cluster, *(rules.Resource(rules.NETWORK_POLICY, f"np{i}", p, f"urn:np{i}") for i, p in enumerate(policies))]
+    cluster = model.Resource(RAY_CLUSTER, "ray-raycluster", ray_cluster(), "urn:ray")
+    return [cluster, *(model.Resource(model.NETWORK_POLICY, f"np{i}", p, f"urn:np{i}") for i, p in enumerate(policies))]
 
 
 DENY = {"metadata": {"namespace": "ray"}, "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}}

@@ -70,12 +70,8 @@ def test_full_sharding_over_two_g6_nodes_moves_0_9_model_sizes_per_collective():
     assert "g6.12xlarge" in text and "full sharding 2.16 s" in text and "hybrid 1.61 s" in text
 
 
-def test_the_fallback_network_table_is_the_catalog():
-    from infra.catalog import GPU_TYPES
-
-    assert flops._CATALOG_FALLBACK == {n: (t.gpus, t.gpu_model, t.network_gbps, t.gpudirect_rdma, t.nvlink)
-                                       for n, t in GPU_TYPES.items()}
-    with pytest.raises(ValueError, match="instance type 'g9.huge': unknown"):
+def test_an_unknown_instance_type_is_named_with_the_known_ones():
+    with pytest.raises(ValueError, match="instance type 'g9.huge': unknown; use one of g6.12xlarge"):
         flops.instance_network("g9.huge")
 
 

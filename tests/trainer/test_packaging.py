@@ -19,7 +19,8 @@ def wheel(tmp_path_factory) -> Path:
     src = tmp_path_factory.mktemp("src")  # a copy: building in the checkout would leave build/ behind
     for name in ("pyproject.toml", "requirements-trainer.txt", "README.md"):
         shutil.copy(REPO / name, src / name)
-    shutil.copytree(REPO / "trainer", src / "trainer", ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("trainer", "facts"):
+        shutil.copytree(REPO / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path_factory.mktemp("wheel")
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                            str(src), "-w", str(out)], capture_output=True, text=True, timeout=300)
@@ -34,6 +35,7 @@ def test_the_wheel_holds_the_trainer_its_command_and_its_pinned_dependencies(whe
         meta = next(z.read(n).decode() for n in names if n.endswith(".dist-info/METADATA"))
         entry_points = next(z.read(n).decode() for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "trainer/__main__.py" in names and "trainer/demo/tiny_qwen2.json" in names
+    assert "facts/catalog.py" in names  # the trainer imports the shared facts
     assert not [n for n in names if n.startswith(("infra/", "workloads/", "tests/", "policy/"))]
     assert "trainer = trainer.__main__:main" in entry_points
     pins = [line.strip() for line in (REPO / "requirements-trainer.txt").read_text().splitlines()

@@ -1,73 +1,38 @@
-"""Fixtures for the workloads tests: the real KubeRay CRD (tests.upstream), stack runs under mocks that also record
-each resource's dependencies and provider, and a small OCI registry served on localhost."""
+"""Fixtures for the workloads tests: stack runs under mocks that also record each resource's dependencies and
+provider, and a small OCI registry served on localhost (the KubeRay CRD's validators are in tests/conftest.py)."""
 from __future__ import annotations
 
-import copy
 import hashlib
 import http.server
 import threading
 import urllib.parse
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import jsonschema
 import pytest
-import yaml
 
-from infra import config, offline, plan
-from tests import upstream
+from deploy import config, offline, program
+from tests.stacks import read_stack_file
+from workloads.settings import Workloads
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-# --- the RayCluster CRD ------------------------------------------------------------------------
-
-def _load_schema() -> dict:
-    crd_path = upstream.path("ray.io_rayclusters.yaml")  # KubeRay v1.7.0; `python -m tests.upstream fetch`
-    crd = yaml.load(crd_path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
-    return v1["schema"]["openAPIV3Schema"]
-
-
-def no_unknown_fields(schema):
-    """The schema with additionalProperties: false on every object that lists its properties.
-
-    The API server prunes unknown fields silently (and kubectl --validate=strict refuses them);
-    this turns a misspelt or misplaced field into a validation error here."""
-    if isinstance(schema, list):
-        return [no_unknown_fields(s) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: no_unknown_fields(v) for k, v in schema.items()}
-    if ("properties" in out and "additionalProperties" not in out
-            and not out.get("x-kubernetes-preserve-unknown-fields")):
-        out["additionalProperties"] = False
-    return out
-
-
-@pytest.fixture(scope="session")
-def raycluster_schema() -> jsonschema.Validator:
-    """The v1 openAPIV3Schema as a validator (OpenAPI v3.0 schemas read as JSON Schema draft 7)."""
-    schema = _load_schema()
-    jsonschema.Draft7Validator.check_schema(schema)
-    return jsonschema.Draft7Validator(schema)
-
-
-@pytest.fixture(scope="session")
-def strict_raycluster_schema(raycluster_schema) -> jsonschema.Validator:
-    return jsonschema.Draft7Validator(no_unknown_fields(copy.deepcopy(raycluster_schema.schema)))
 
 
 # --- stack configurations and runs -------------------------------------------------------------
 
 def stack_file(stack: str) -> dict:
-    return plan.read_stack_file(stack, REPO)
+    return read_stack_file(stack, REPO)
 
 
 def stack_config(stack: str, **overrides) -> config.StackConfig:
     raw = stack_file(stack)
     raw.update({k if ":" in k else f"raytrain-eks:{k}": v for k, v in overrides.items()})
     return config.load(raw, stack=stack)
+
+
+def settings(stack: str, **overrides) -> Workloads:
+    """What the workloads of Pulumi.<stack>.yaml (plus overrides) are made of, as the program hands it over."""
+    return program.workloads(stack_config(stack, **overrides))
 
 
 @dataclass

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import pytest
 
-from infra import nodes
-from infra.config import ConfigError
+from facts import nodes
+from deploy.config import ConfigError
 from workloads import charts
 
-from .conftest import stack_config
+from .conftest import settings, stack_config
 
-GPU_EFFECT = "NoSchedule"  # nodes.GPU_TAINT's NO_SCHEDULE as Kubernetes spells it
+GPU_EFFECT = "NoSchedule"  # the node group's NO_SCHEDULE as Kubernetes spells it
 
 
 def by_release(cfg):
@@ -17,7 +17,7 @@ def by_release(cfg):
 
 
 def test_charts_repositories_and_default_versions():
-    releases = by_release(stack_config("dev"))
+    releases = by_release(settings("dev"))
     assert {name: (r.chart, r.version, r.repository) for name, r in releases.items()} == {
         "nvidia-device-plugin": ("nvidia-device-plugin", "0.20.0", "https://nvidia.github.io/k8s-device-plugin"),
         "aws-efa-k8s-device-plugin": ("aws-efa-k8s-device-plugin", "v0.5.32", "https://aws.github.io/eks-charts"),
@@ -26,7 +26,7 @@ def test_charts_repositories_and_default_versions():
 
 
 def test_versions_follow_the_configuration():
-    cfg = stack_config("dev", kuberayVersion="1.6.2", nvidiaDevicePluginVersion="0.19.1",
+    cfg = settings("dev", kuberayVersion="1.6.2", nvidiaDevicePluginVersion="0.19.1",
                        efaDevicePluginVersion="v0.5.40")
     assert {r.release: r.version for r in charts.releases(cfg)} == {
         "nvidia-device-plugin": "0.19.1", "aws-efa-k8s-device-plugin": "v0.5.40", "kuberay-operator": "1.6.2"}
@@ -34,28 +34,28 @@ def test_versions_follow_the_configuration():
 
 @pytest.mark.parametrize("release", ["nvidia-device-plugin", "aws-efa-k8s-device-plugin"])
 def test_device_plugins_run_only_on_gpu_nodes_and_tolerate_their_taint(release):
-    chart = by_release(stack_config("dev"))[release]
+    chart = by_release(settings("dev"))[release]
     assert chart.runs_on == "gpu" and chart.namespace == "kube-system"
-    assert chart.values["nodeSelector"] == nodes.GPU_LABELS
+    assert chart.values["nodeSelector"] == {"role": "gpu-worker", "nvidia.com/gpu.present": "true"}
     matching = [t for t in chart.values["tolerations"]
-                if t["key"] == nodes.GPU_TAINT["key"] and t.get("effect") == GPU_EFFECT
-                and (t["operator"] == "Exists" or t.get("value") == nodes.GPU_TAINT["value"])]
+                if t["key"] == nodes.GPU_TAINT.key and t.get("effect") == GPU_EFFECT
+                and (t["operator"] == "Exists" or t.get("value") == nodes.GPU_TAINT.value)]
     assert matching, chart.values["tolerations"]
 
 
 def test_operator_runs_on_the_system_node_behind_a_cluster_ip():
-    chart = by_release(stack_config("dev"))["kuberay-operator"]
+    chart = by_release(settings("dev"))["kuberay-operator"]
     assert chart.runs_on == "system" and chart.namespace == charts.OPERATOR_NAMESPACE
-    assert chart.values["nodeSelector"] == nodes.SYSTEM_LABELS
+    assert chart.values["nodeSelector"] == {"role": "system"}
     assert "tolerations" not in chart.values
     assert chart.values["service"]["type"] == "ClusterIP"
 
 
 def test_values_are_fresh_copies():
-    cfg = stack_config("dev")
+    cfg = settings("dev")
     charts.nvidia_device_plugin(cfg).values["tolerations"][0]["value"] = "changed"
     charts.kuberay_operator(cfg).values["nodeSelector"]["role"] = "changed"
-    assert nodes.GPU_TOLERATION["value"] == "true" and nodes.SYSTEM_LABELS["role"] == "system"
+    assert nodes.GPU_TAINT.toleration()["value"] == "true" and settings("dev").system_node_selector["role"] == "system"
 
 
 def test_a_kuberay_without_token_auth_is_refused():
@@ -72,34 +72,34 @@ ROLE = "arn:aws:iam::123456789012:role/ca"
 
 
 def test_cluster_autoscaler_chart_version_and_image_follow_the_configuration():
-    chart = charts.cluster_autoscaler(stack_config("dev", scaleToZero=True), role_arn=ROLE)
+    chart = charts.cluster_autoscaler(settings("dev", scaleToZero=True), role_arn=ROLE)
     assert (chart.chart, chart.version, chart.repository, chart.namespace, chart.runs_on) == (
         "cluster-autoscaler", "9.59.0", "https://kubernetes.github.io/autoscaler", "kube-system", "system")
     assert chart.values["image"] == {"repository": "registry.k8s.io/autoscaling/cluster-autoscaler", "tag": "v1.36.1"}
-    older = charts.cluster_autoscaler(stack_config("dev", scaleToZero=True, kubernetesVersion="1.35",
+    older = charts.cluster_autoscaler(settings("dev", scaleToZero=True, kubernetesVersion="1.35",
                                                    clusterAutoscalerVersion="9.54.0"), role_arn=ROLE)
     assert (older.version, older.values["image"]["tag"]) == ("9.54.0", "v1.35.2")
 
 
 def test_cluster_autoscaler_uses_its_own_irsa_role_and_runs_on_the_system_node():
-    cfg = stack_config("dev", scaleToZero=True, clusterName="lab")
+    cfg = settings("dev", scaleToZero=True, clusterName="lab")
     values = charts.cluster_autoscaler(cfg, role_arn=ROLE).values
     assert values["rbac"]["serviceAccount"] == {"create": True, "name": "cluster-autoscaler",
                                                 "annotations": {"eks.amazonaws.com/role-arn": ROLE}}
     assert values["autoDiscovery"] == {"clusterName": "lab", "tags": [
         "k8s.io/cluster-autoscaler/enabled", "k8s.io/cluster-autoscaler/lab"]}
     assert values["awsRegion"] == cfg.region and values["cloudProvider"] == "aws"
-    assert values["nodeSelector"] == nodes.SYSTEM_LABELS and "tolerations" not in values
+    assert values["nodeSelector"] == {"role": "system"} and "tolerations" not in values
     assert values["service"]["type"] == "ClusterIP"
     assert values["resources"]["requests"]["memory"] == values["resources"]["limits"]["memory"]
 
 
 def test_cluster_autoscaler_is_not_among_the_fixed_releases():
-    assert "cluster-autoscaler" not in by_release(stack_config("dev", scaleToZero=True))
+    assert "cluster-autoscaler" not in by_release(settings("dev", scaleToZero=True))
 
 
 def test_cluster_autoscaler_values_are_fresh_copies():
-    cfg = stack_config("dev", scaleToZero=True)
+    cfg = settings("dev", scaleToZero=True)
     values = charts.cluster_autoscaler(cfg, role_arn=ROLE).values
     values["nodeSelector"]["role"] = "changed"
     values["extraArgs"]["expander"] = "random"
@@ -116,7 +116,7 @@ def test_the_oldest_autoscaler_chart_follows_the_kubernetes_version(kubernetes, 
     assert f"raytrain-eks:clusterAutoscalerVersion: {too_old} is older than" in str(err.value) \
         or f"raytrain-eks:clusterAutoscalerVersion: chart {too_old} is older than {oldest_ok}" in str(err.value)
     assert "never scales" in str(err.value)
-    cfg = stack_config("dev", scaleToZero=True, kubernetesVersion=kubernetes, clusterAutoscalerVersion=oldest_ok)
+    cfg = settings("dev", scaleToZero=True, kubernetesVersion=kubernetes, clusterAutoscalerVersion=oldest_ok)
     assert charts.cluster_autoscaler(cfg, role_arn=ROLE).version == oldest_ok
 
 

@@ -1,5 +1,6 @@
 """The Helm releases as Helm runs them: each pinned chart archive rendered by a real `helm template` with
-exactly the values the program hands to Helm, for every shipped stack and for scaleToZero.
+exactly the values the program hands to Helm, for every shipped stack, for scaleToZero, and for the
+README's node-pools example (a second GPU type and a CPU pool).
 
 Assertions are on the rendered objects, read the way the scheduler reads them: a pod runs on a
 node only if its nodeSelector and required node affinity match the node's labels and its
@@ -15,11 +16,13 @@ from dataclasses import dataclass
 import pytest
 import yaml
 
-from infra import offline
+from deploy import config, offline
+from facts import images as image_references
 from tests import upstream
+from tests.examples import readme_stack
 from workloads import charts
 
-from .conftest import run_stack, stack_config
+from .conftest import StackRun, run_stack, stack_config
 
 RELEASE = "kubernetes:helm.sh/v3:Release"
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
@@ -30,7 +33,7 @@ ARCHIVES = {
     "cluster-autoscaler": "cluster-autoscaler-9.59.0.tgz",
 }
 STACKS = {"dev": {}, "p5": {}, "dev-scaleToZero": {"raytrain-eks:scaleToZero": True},
-          "p5-scaleToZero": {"raytrain-eks:scaleToZero": True}}
+          "p5-scaleToZero": {"raytrain-eks:scaleToZero": True}, "pools": None}  # pools: the README's example
 
 
 @dataclass(frozen=True)
@@ -81,8 +84,12 @@ def render_stack(variant: str, tmp_path_factory) -> Rendered:
     """Every release of one stack variant, rendered once per test session."""
     if variant not in _RENDERS:
         stack = variant.split("-")[0]
-        run = run_stack(stack, **STACKS[variant])
-        cfg = stack_config(stack, **{k.split(":")[1]: v for k, v in STACKS[variant].items()})
+        if STACKS[variant] is None:
+            run = StackRun(offline.run(readme_stack(variant), stack=variant))
+            cfg = config.load(readme_stack(variant), stack=variant)
+        else:
+            run = run_stack(stack, **STACKS[variant])
+            cfg = stack_config(stack, **{k.split(":")[1]: v for k, v in STACKS[variant].items()})
         tmp = tmp_path_factory.mktemp(variant)
         objects, values = {}, {}
         for r in run.result.of_type(RELEASE):
@@ -99,7 +106,7 @@ def rendered(request, tmp_path_factory) -> Rendered:
     return render_stack(request.param, tmp_path_factory)
 
 
-@pytest.fixture(params=sorted(v for v, o in STACKS.items() if o))
+@pytest.fixture(params=sorted(v for v, o in STACKS.items() if o or o is None))
 def autoscaled(request, tmp_path_factory) -> Rendered:
     return render_stack(request.param, tmp_path_factory)
 
@@ -167,6 +174,15 @@ def test_device_plugins_run_on_every_gpu_node_and_nowhere_else(rendered, release
     assert any(t.get("key") == "nvidia.com/gpu" for t in pod_spec(plugin[0])["tolerations"])
 
 
+@pytest.mark.parametrize("release", ["nvidia-device-plugin", "aws-efa-k8s-device-plugin"])
+def test_with_a_second_gpu_pool_the_device_plugins_run_on_both_and_not_on_cpu_pools(release, tmp_path_factory):
+    rendered = render_stack("pools", tmp_path_factory)
+    assert set(rendered.nodes) == {"system", "gpu-worker", "l40s-worker", "data-worker"}
+    (plugin,) = [d for d in workloads(rendered.objects[release], "DaemonSet") if "mps" not in d["metadata"]["name"]]
+    where = {role for role, node in rendered.nodes.items() if schedulable(pod_spec(plugin), node)}
+    assert where == {"gpu-worker", "l40s-worker"}
+
+
 def test_the_nvidia_mps_daemon_stays_off_our_nodes(rendered):
     """The chart renders an MPS control daemon for nodes labelled nvidia.com/mps.capable; ours are not."""
     (mps,) = [d for d in workloads(rendered.objects["nvidia-device-plugin"], "DaemonSet")
@@ -179,7 +195,8 @@ def test_the_efa_plugin_allows_this_stacks_gpu_type(rendered):
     terms = pod_spec(daemonset)["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     allowed = {v for term in terms["nodeSelectorTerms"] for e in term["matchExpressions"]
                if e["key"] == "node.kubernetes.io/instance-type" for v in e["values"]}
-    assert rendered.cfg.gpu_node_type in allowed
+    efa_types = {p.instance_type for p in rendered.cfg.node_pools if p.efa}
+    assert efa_types and efa_types <= allowed
 
 
 # --- the KubeRay operator ----------------------------------------------------------------------------
@@ -253,4 +270,4 @@ def test_every_rendered_image_is_the_pinned_one_from_our_values(rendered):
         values = rendered.values[release]["image"]
         assert images(objects) == {f"{values['repository']}:{values['tag']}"}, release
         assert values["tag"].endswith("@" + pinning.PLACEHOLDER_DIGEST)  # the offline plan's digest
-        assert pinning.is_pinned(next(iter(images(objects))))
+        assert image_references.is_pinned(next(iter(images(objects))))

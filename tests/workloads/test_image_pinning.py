@@ -12,6 +12,7 @@ import time
 import pytest
 from pulumi.dynamic.dynamic import serialize_provider
 
+from facts import images
 from workloads import image
 from workloads.image import ImageDigestProvider, ImageResolutionError, resolve_digest
 
@@ -32,10 +33,10 @@ def test_parses_tags_and_digests():
     ref = image.parse("public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1")
     assert (ref.registry, ref.repository, ref.tag, ref.digest) == (
         "public.ecr.aws", "deep-learning-containers/ray", "train-ml-cuda-v1.1", None)
-    assert ref.api_base == "https://public.ecr.aws"
+    assert image.api_base(ref) == "https://public.ecr.aws"
     assert ref.pinned(DIGEST) == f"public.ecr.aws/deep-learning-containers/ray@{DIGEST}"
     local = image.parse(f"127.0.0.1:5000/team/ray@{DIGEST}")
-    assert (local.registry, local.repository, local.digest, local.api_base) == (
+    assert (local.registry, local.repository, local.digest, image.api_base(local)) == (
         "127.0.0.1:5000", "team/ray", DIGEST, "http://127.0.0.1:5000")
 
 
@@ -58,7 +59,7 @@ def test_placeholder_digest_is_valid_in_form_and_recognisable():
     assert re.fullmatch(r"sha256:[0-9a-f]{64}", image.PLACEHOLDER_DIGEST)
     outs = image.placeholder_outputs({"image": "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1"})
     assert outs["placeholder"] is True
-    assert image.is_placeholder(outs["reference"]) and image.is_pinned(outs["reference"])
+    assert image.is_placeholder(outs["reference"]) and images.is_pinned(outs["reference"])
     assert not image.is_placeholder(f"public.ecr.aws/deep-learning-containers/ray@{DIGEST}")
 
 

@@ -7,12 +7,13 @@ import math
 import jsonschema
 import pytest
 
-from infra import catalog, nodes
-from infra.config import ConfigError
+from facts import catalog, nodes
+from facts import ray as ray_facts
+from deploy.config import ConfigError
 from workloads import raycluster
 from workloads.raycluster import ManifestError
 
-from .conftest import stack_config
+from .conftest import settings, stack_config
 
 IMAGE = "public.ecr.aws/deep-learning-containers/ray@sha256:" + "ab" * 32
 CHECKPOINTS = "s3://raytrain-ckpt-example"
@@ -20,7 +21,7 @@ EXPECTED_DEVICES = {"g6.12xlarge": (4, 1), "p5.48xlarge": (8, 32)}  # the issue'
 
 
 def build(stack="dev", **overrides):
-    return raycluster.manifest(stack_config(stack, **overrides), image=IMAGE, checkpoint_uri=CHECKPOINTS)
+    return raycluster.manifest(settings(stack, **overrides), image=IMAGE, checkpoint_uri=CHECKPOINTS)
 
 
 def head_of(manifest):
@@ -83,7 +84,7 @@ def test_strict_schema_catches_a_misplaced_field(strict_raycluster_schema, raycl
 
 
 def test_identity_version_auth_and_service_account():
-    cfg = stack_config("dev", rayVersion="2.55.0", rayNamespace="training")
+    cfg = settings("dev", rayVersion="2.55.0", rayNamespace="training")
     manifest = raycluster.manifest(cfg, image=IMAGE, checkpoint_uri=CHECKPOINTS)
     assert (manifest["apiVersion"], manifest["kind"]) == ("ray.io/v1", "RayCluster")
     assert manifest["metadata"]["name"] == cfg.ray_cluster_name
@@ -92,14 +93,14 @@ def test_identity_version_auth_and_service_account():
     assert manifest["spec"]["authOptions"] == {"mode": "token"}
     assert manifest["spec"]["enableInTreeAutoscaling"] is False
     for _, pod, container in (head_of(manifest), worker_of(manifest)):
-        assert pod["serviceAccountName"] == cfg.ray_service_account
+        assert pod["serviceAccountName"] == cfg.service_account == "ray-train"
         assert container["image"] == IMAGE
         assert "hostNetwork" not in pod and container["securityContext"]["privileged"] is False
 
 
 def test_head_runs_on_the_system_node_without_gpus():
     head, pod, container = head_of(build())
-    assert pod["nodeSelector"] == nodes.SYSTEM_LABELS
+    assert pod["nodeSelector"] == {"role": "system"}
     assert "tolerations" not in pod
     assert head["rayStartParams"]["num-gpus"] == "0"
     assert env_of(container)["NVIDIA_VISIBLE_DEVICES"] == "void"
@@ -132,8 +133,8 @@ def test_head_fits_the_system_node_beside_the_operator_and_coredns(system_type):
 
 @pytest.mark.parametrize("stack, gpu_type", [("dev", "g6.12xlarge"), ("p5", "p5.48xlarge")])
 def test_each_worker_claims_its_whole_node(stack, gpu_type):
-    cfg = stack_config(stack, gpuNodeCount=3)
-    assert cfg.gpu_node_type == gpu_type
+    cfg = settings(stack, gpuNodeCount=3)
+    assert cfg.worker_groups[0].instance.name == gpu_type
     group, pod, container = worker_of(raycluster.manifest(cfg, image=IMAGE, checkpoint_uri=CHECKPOINTS))
     assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 3
     gpus, efa = EXPECTED_DEVICES[gpu_type]
@@ -143,7 +144,7 @@ def test_each_worker_claims_its_whole_node(stack, gpu_type):
     assert limits["vpc.amazonaws.com/efa"] == str(efa)
     assert limits["hugepages-2Mi"] == catalog.GPU_TYPES[gpu_type].hugepages_2mi == "5120Mi"
     assert pod["nodeSelector"]["role"] == "gpu-worker"
-    assert pod["tolerations"] == [nodes.GPU_TOLERATION]
+    assert pod["tolerations"] == [nodes.GPU_TAINT.toleration()]
 
 
 @pytest.mark.parametrize("gpu_type", sorted(catalog.GPU_TYPES))
@@ -183,7 +184,8 @@ def test_nccl_debug_is_configurable_and_validated():
 def test_worker_tolerates_exactly_the_gpu_node_taint():
     _, pod, _ = worker_of(build())
     (toleration,) = pod["tolerations"]
-    taint = nodes.GPU_TAINT
+    # what the node group's taint says, in Kubernetes' spelling
+    taint = nodes.GPU_TAINT.node_group()
     effect = "".join(part.capitalize() for part in taint["effect"].split("_"))  # NO_SCHEDULE -> NoSchedule
     assert (toleration["key"], toleration["operator"], toleration["value"], toleration["effect"]) == (
         taint["key"], "Equal", taint["value"], effect)
@@ -195,22 +197,23 @@ def test_worker_tolerates_exactly_the_gpu_node_taint():
 ])
 def test_refuses_an_image_not_pinned_by_digest(image):
     with pytest.raises(ManifestError, match=r"raytrain-eks:dlcImage: .*pinned by digest"):
-        raycluster.manifest(stack_config("dev"), image=image, checkpoint_uri=CHECKPOINTS)
+        raycluster.manifest(settings("dev"), image=image, checkpoint_uri=CHECKPOINTS)
 
 
 def test_refuses_local_checkpoint_storage():
     with pytest.raises(ManifestError, match="needs shared storage"):
-        raycluster.manifest(stack_config("dev"), image=IMAGE, checkpoint_uri="/tmp/checkpoints")
+        raycluster.manifest(settings("dev"), image=IMAGE, checkpoint_uri="/tmp/checkpoints")
 
 
 def test_is_pure():
-    cfg = stack_config("dev")
+    cfg = settings("dev")
     first = raycluster.manifest(cfg, image=IMAGE, checkpoint_uri=CHECKPOINTS)
     snapshot = copy.deepcopy(first)
     _, pod, _ = worker_of(first)
     pod["tolerations"][0]["value"] = "changed"
     pod["nodeSelector"]["role"] = "changed"
-    assert nodes.GPU_TOLERATION["value"] == "true" and nodes.GPU_LABELS["role"] == "gpu-worker"
+    assert nodes.GPU_TAINT.toleration()["value"] == "true"
+    assert settings("dev").worker_groups[0].node_selector["role"] == "gpu-worker"
     assert raycluster.manifest(cfg, image=IMAGE, checkpoint_uri=CHECKPOINTS) == snapshot
 
 
@@ -299,7 +302,7 @@ def test_head_and_autoscaler_sidecar_fit_beside_the_cluster_autoscaler(system_ty
     _, _, container = head_of(manifest)
     sidecar = manifest["spec"]["autoscalerOptions"]["resources"]
     assert sidecar["requests"] == sidecar["limits"]  # with the head's requests == limits: a Guaranteed pod
-    ca = charts.cluster_autoscaler(stack_config("dev", scaleToZero=True), role_arn="arn:x").values["resources"]["requests"]
+    ca = charts.cluster_autoscaler(settings("dev", scaleToZero=True), role_arn="arn:x").values["resources"]["requests"]
     millicores = lambda q: float(q[:-1]) / 1000 if q.endswith("m") else float(q)  # noqa: E731
     cpu = millicores(container["resources"]["requests"]["cpu"]) + millicores(sidecar["requests"]["cpu"]) \
         + millicores(ca["cpu"]) + SYSTEM_NODE_OTHERS[0]
@@ -311,7 +314,7 @@ def test_head_and_autoscaler_sidecar_fit_beside_the_cluster_autoscaler(system_ty
 
 
 def test_autoscaled_manifest_is_pure():
-    cfg = stack_config("dev", scaleToZero=True)
+    cfg = settings("dev", scaleToZero=True)
     first = raycluster.manifest(cfg, image=IMAGE, checkpoint_uri=CHECKPOINTS)
     snapshot = copy.deepcopy(first)
     first["spec"]["autoscalerOptions"]["resources"]["limits"]["cpu"] = "9"
@@ -368,7 +371,7 @@ def test_the_nccl_debug_files_folder_is_its_own_volume_on_every_worker():
         (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == str(folder)]
         (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
         assert volume == {"name": raycluster.NCCL_LOG_VOLUME, "emptyDir": {}}
-        assert str(folder).startswith(raycluster.RAY_TMP + "/")  # nested in /tmp/ray: `kubectl cp` finds it there
+        assert str(folder).startswith(ray_facts.TMP_DIR + "/")  # nested in /tmp/ray: `kubectl cp` finds it there
 
 
 def _gpu_job():
@@ -401,7 +404,7 @@ def test_the_worker_group_digest_follows_the_worker_group_only():
     digest = first["metadata"]["annotations"][raycluster.WORKER_GROUP_DIGEST]
     assert digest == raycluster.worker_group_digest(first["spec"]) and len(digest) == 64
     assert autoscaled(gpuIdleTimeoutMinutes=30)["metadata"]["annotations"][raycluster.WORKER_GROUP_DIGEST] == digest
-    other_image = raycluster.manifest(stack_config("dev", scaleToZero=True), image=IMAGE.replace("ab", "cd"),
+    other_image = raycluster.manifest(settings("dev", scaleToZero=True), image=IMAGE.replace("ab", "cd"),
                                       checkpoint_uri=CHECKPOINTS)
     assert other_image["metadata"]["annotations"][raycluster.WORKER_GROUP_DIGEST] != digest
     assert autoscaled(gpuNodeCount=3)["metadata"]["annotations"][raycluster.WORKER_GROUP_DIGEST] != digest

@@ -9,12 +9,13 @@ import pytest
 import yaml
 from pulumi.runtime import rpc
 
-from infra import offline
-from infra import plan
+from deploy import offline
+from deploy import plan
 from infra.cost import hourly_cost
+from tests.stacks import read_stack_file
 from workloads import charts, image, raycluster
 
-from .conftest import run_stack, stack_config
+from .conftest import run_stack, settings, stack_config
 
 PINNED = re.compile(r"@sha256:[0-9a-f]{64}$")
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
@@ -79,7 +80,7 @@ def test_declares_every_kubernetes_object_through_one_provider(run):
 
 
 def test_helm_releases_carry_chart_version_repository_and_values(run):
-    cfg = stack_config(run.result.outputs["clusterName"].rsplit("-", 1)[-1])
+    cfg = settings(run.result.outputs["clusterName"].rsplit("-", 1)[-1])
     recorded = {r.inputs["name"]: r.inputs for r in run.result.of_type(RELEASE)}
     for spec in charts.releases(cfg):
         inputs = recorded[spec.release]
@@ -93,7 +94,7 @@ def test_helm_releases_carry_chart_version_repository_and_values(run):
 
 def test_raycluster_is_the_pure_manifest_and_valid(run, raycluster_schema, strict_raycluster_schema):
     outputs = run.result.outputs
-    cfg = stack_config(outputs["clusterName"].rsplit("-", 1)[-1])
+    cfg = settings(outputs["clusterName"].rsplit("-", 1)[-1])
     inputs = offline.plain(run.result.one(RAYCLUSTER).inputs)
     assert set(inputs) == {"apiVersion", "kind", "metadata", "spec"}
     assert inputs == raycluster.manifest(cfg, image=outputs["dlcImage"], checkpoint_uri=outputs["checkpointBucketUri"])
@@ -226,13 +227,13 @@ def test_a_configured_digest_is_used_as_is():
 
 
 def test_the_p5_stack_is_configuration_only():
-    dev, p5 = plan.read_stack_file("dev"), plan.read_stack_file("p5")
+    dev, p5 = read_stack_file("dev"), read_stack_file("p5")
     assert p5["raytrain-eks:gpuNodeType"] == "p5.48xlarge"
     changed = {k.split(":", 1)[1] for k in set(dev) | set(p5) if dev.get(k) != p5.get(k)}
     assert "gpuNodeType" in changed
     assert changed <= {"gpuNodeType", "gpuNodeCount", "tags", "capacityReservationId", "availabilityZone",
                        "placementGroup", "capacityType"}
-    total = hourly_cost(stack_config("p5"))["total"]
+    total = hourly_cost(stack_config("p5").node_pools)["total"]
     assert f"about ${total:.2f}/hour" in (plan.REPO_ROOT / "Pulumi.p5.yaml").read_text()
 
 
@@ -326,7 +327,7 @@ def test_fixed_clusters_keep_pulumi_owning_the_worker_group(dev_run):
 # --- the charts' images, pinned like the DLC image ------------------------------------------------------
 
 def test_every_charts_image_is_pinned_by_a_dynamic_resource(run):
-    cfg = stack_config(run.result.outputs["clusterName"].rsplit("-", 1)[-1])
+    cfg = settings(run.result.outputs["clusterName"].rsplit("-", 1)[-1])
     pins = {r.name: r for r in run.result.resources if r.type == "pulumi-python:dynamic/raytrain:PinnedImage"}
     for chart in charts.releases(cfg):
         pin = pins[f"ray-{chart.release}-image"]

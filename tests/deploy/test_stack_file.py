@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra import plan
+from deploy import plan
 
 HEADER = "config:\n  aws:region: us-east-1\n  raytrain-eks:apiAccessCidrs:\n    - 203.0.113.10/32\n"
 

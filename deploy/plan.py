@@ -1,6 +1,6 @@
 """Offline plan: what `pulumi up` would create for a stack, without AWS or the Pulumi CLI.
 
-    python -m infra.plan --stack dev [--out DIR]
+    python -m deploy.plan --stack dev [--out DIR]
 
 Reads Pulumi.<stack>.yaml, runs the whole program under mocks, prints what would be
 created and the estimated hourly cost. IDs and cloud-assigned values are
@@ -16,13 +16,14 @@ from typing import Any
 
 import yaml
 
-from infra import config as stack_config
-from infra import offline, stack_file
-from infra.autoscaling import SCALE_DOWN_UNNEEDED_MINUTES
-from infra.config import ConfigError
-from infra.cost import PARTS, USAGE_BASED, cost_warnings
-from infra.preflight import PreflightError
-from infra.stack_file import StackFileError
+from deploy import config as stack_config
+from deploy import offline, stack_file
+from deploy.config import ConfigError
+from deploy.stack_file import StackFileError
+from facts import errors
+from facts import outputs as names
+from infra.cost import USAGE_BASED, cost_warnings, parts
+from workloads.charts import SCALE_DOWN_UNNEEDED_MINUTES
 from workloads.image import is_placeholder
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -56,14 +57,8 @@ def stack_path(stack: str, root: Path | None = None) -> Path:
     path = root / f"Pulumi.{stack}.yaml"
     if not path.exists():
         known = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in root.glob("Pulumi.*.yaml"))
-        raise FileNotFoundError(f"--stack {stack}: {path.name} not found; known stacks: {', '.join(known) or 'none'}")
+        raise errors.UserError(f"--stack {stack}: {path.name} not found; known stacks: {', '.join(known) or 'none'}")
     return path
-
-
-def read_stack_file(stack: str, root: Path | None = None) -> dict[str, Any]:
-    """The config: section of Pulumi.<stack>.yaml; secret values read as "[secret]"."""
-    parsed = stack_file.read(stack_path(stack, root))
-    return {**parsed.config, **{key: "[secret]" for key in parsed.secrets}}
 
 
 def _get(inputs: dict, dotted: str):
@@ -105,7 +100,7 @@ def render_table(result: offline.PlanResult) -> str:
 def render_cost(cost: dict[str, Any], *, idle_minutes: int | None = None) -> str:
     """The parts and the total; with scale-to-zero also the idle price and how soon idle GPUs stop billing."""
     lines = [f"Estimated cost per hour (us-east-1 list prices; GPU nodes: {cost.get('pricing', 'On-Demand list price')}):"]
-    lines += [f"  {name:<17} ${cost[name]:>8.2f}" for name in PARTS if name in cost]
+    lines += [f"  {name:<17} ${cost[name]:>8.2f}" for name in parts(cost)]
     usage = "  Not included, billed by use: " + "; ".join(USAGE_BASED) + "."
     if cost.get("mode") != "scale-to-zero":
         lines.append(f"  {'total':<17} ${cost['total']:>8.2f}  (~${cost['total'] * 24:,.0f}/day while up)")
@@ -152,7 +147,7 @@ def write_out(result: offline.PlanResult, out: Path) -> list[Path]:
     written[0].write_text(json.dumps({
         "notice": NOTICE,
         "resources": [{"type": r.type, "name": r.name, "inputs": offline.plain(r.inputs)} for r in result.resources],
-        "outputs": {k: ("[secret]" if k == "kubeconfig" else v) for k, v in result.outputs.items()},
+        "outputs": {k: ("[secret]" if k in names.SECRET else v) for k, v in result.outputs.items()},
     }, indent=2, sort_keys=True, default=str))
     for subdir, docs, name_of in (
         ("kubernetes", kubernetes_objects(result), lambda d: f"{d['kind'].lower()}-{d['metadata']['name']}"),
@@ -167,40 +162,49 @@ def write_out(result: offline.PlanResult, out: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra.plan", description=__doc__.split("\n\n")[0])
+    """`python -m deploy.plan`: 0, or 2 with `error: ...` (every problem, each with its fix) on bad input."""
+    return errors.run(plan, argv)
+
+
+def plan(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m deploy.plan", description=__doc__.split("\n\n")[0])
     parser.add_argument("--stack", default="dev", help="reads Pulumi.<stack>.yaml (default: dev)")
     parser.add_argument("--out", type=Path, help="write resources.json and one YAML per Kubernetes object here")
     args = parser.parse_args(argv)
+    if args.out and args.out.exists() and not args.out.is_dir():
+        raise errors.UserError(f"--out {args.out}: a file, not a folder; name a folder (it is created if missing)")
+    stack = stack_file.read(stack_path(args.stack))
+    if problems := stack_file.secret_problems(stack, stack_config.PROJECT):
+        raise StackFileError(stack.path, problems)
     try:
-        stack = stack_file.read(stack_path(args.stack))
-        if problems := stack_file.secret_problems(stack, stack_config.PROJECT):
-            raise StackFileError(stack.path, problems)
-        try:
-            cfg = stack_config.load(stack.config, stack=args.stack)
-        except ConfigError as err:
-            raise ConfigError([stack_file.locate(p, stack) for p in err.problems]) from None
-        result = offline.run(stack.config, stack=args.stack)
-    except (ConfigError, PreflightError, StackFileError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        cfg = stack_config.load(stack.config, stack=args.stack)
+    except ConfigError as err:
+        raise ConfigError([stack_file.locate(p, stack) for p in err.problems]) from None
+    result = offline.run(stack.config, stack=args.stack)
     print(NOTICE)
     print()
     print(render_table(result))
     print()
-    print(render_cost(result.outputs["estimatedCostPerHour"], idle_minutes=ray_idle_minutes(result)))
-    warnings = [*(f"placeholder: {p} (`pulumi preview` refuses it)" for p in cfg.placeholders), *cost_warnings(cfg)]
-    if cfg.capacity_reservation_id:
-        warnings.append(f"offline: capacity reservation {cfg.capacity_reservation_id} is assumed to hold "
-                        f"{cfg.gpu_node_count} x {cfg.gpu_node_type} in {result.outputs['gpuAvailabilityZone']}; "
-                        "`pulumi preview` reads the real one")
+    print(render_cost(result.outputs[names.ESTIMATED_COST_PER_HOUR], idle_minutes=ray_idle_minutes(result)))
+    warnings = [*(f"placeholder: {p} (`pulumi preview` refuses it)" for p in cfg.placeholders),
+                *cost_warnings(cfg.node_pools, cfg.cost_warning_per_day)]
+    for pool in (p for p in cfg.node_pools if p.capacity_reservation_id):
+        zone = result.outputs[names.GPU_AVAILABILITY_ZONE] if pool.efa and not pool.availability_zone else (
+            pool.availability_zone)
+        warnings.append(f"offline: capacity reservation {pool.capacity_reservation_id} is assumed to hold "
+                        f"{pool.max_size} x {pool.instance_type} in {zone}; `pulumi preview` reads the real one")
     if warnings:
         print("\nWarnings:")
         print("\n".join(f"  - {w}" for w in warnings))
-    if is_placeholder(result.outputs.get("dlcImage", "")):
-        print(f"\nDLC image: {result.outputs['dlcImage']}\n  (placeholder digest: `pulumi preview` resolves the "
+    if is_placeholder(result.outputs.get(names.DLC_IMAGE, "")):
+        print(f"\nDLC image: {result.outputs[names.DLC_IMAGE]}\n  (placeholder digest: `pulumi preview` resolves the "
               "configured tag through the registry and keeps the digest in the stack state)")
     if args.out:
-        written = write_out(result, args.out)
+        try:
+            written = write_out(result, args.out)
+        except OSError as err:
+            raise errors.UserError(f"--out {args.out}: cannot write there ({err.strerror}); name a folder you can "
+                                   "write to") from None
         print(f"\nWrote {len(written)} files to {args.out}/ (resources.json, kubernetes/, helm/)")
     return 0
 

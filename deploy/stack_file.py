@@ -13,14 +13,14 @@ from typing import Any
 
 import yaml
 
+from facts.errors import ProblemsError
 
-class StackFileError(ValueError):
+
+class StackFileError(ProblemsError):
     """Problems of the stack file itself, one per line, each with the file and line."""
 
     def __init__(self, path: Path, problems: list[str]):
-        self.problems = list(problems)
-        lines = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(f"{path.name}: {len(self.problems)} problem(s):\n{lines}")
+        super().__init__(problems, title=path.name)
 
 
 @dataclass
@@ -107,8 +107,11 @@ def secret_problems(stack: StackFile, project: str) -> list[str]:
 
 
 def locate(problem: str, stack: StackFile) -> str:
-    """Add the file and line to a configuration problem that names a key of the file."""
+    """Add the file and line to a configuration problem that names a key of the file (or a setting inside one)."""
     key = problem.split(": ", 1)[0]
-    if key in stack.lines:
-        return f"{problem} ({stack.path.name} line {stack.lines[key]})"
+    namespace, _, name = key.partition(":")
+    top = f"{namespace}:{name.split('.')[0]}"
+    for candidate in (key, top):
+        if candidate in stack.lines:
+            return f"{problem} ({stack.path.name} line {stack.lines[candidate]})"
     return problem

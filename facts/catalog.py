@@ -1,9 +1,10 @@
 """Instance catalog: the hardware facts every other module sizes itself from.
 
-The GPU node group's launch template (EFA interfaces), the RayCluster's worker
-resources (GPUs, EFA devices, huge pages, CPU, memory), the communication
-estimate and the cost estimate all read these rows, so moving a stack to another
-GPU family is a one-line configuration change.
+Node pools' launch templates (EFA interfaces), the RayCluster's worker resources
+(GPUs, EFA devices, huge pages, CPU, memory), the Cluster Autoscaler's node
+templates, the trainer's communication estimate, the cost estimate and the policy
+pack's GPU cap all read these rows, so moving a stack to another GPU family is a
+one-line configuration change, and adding a GPU type is one row here.
 
 Prices are on-demand Linux prices per hour in us-east-1 as listed on the EC2
 pricing page (https://aws.amazon.com/ec2/pricing/on-demand/); they drift, so they
@@ -13,17 +14,16 @@ what EC2 reports (DescribeInstanceTypes GpuInfo, MiB), not the datasheet's GB.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+from facts.resources import EFA_HUGEPAGES_REQUEST
 
 EC2_DOCS = "https://docs.aws.amazon.com/ec2/latest/instancetypes/ac.html"
 EFA_DOCS = "https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa.html#efa-instance-types"
 PRICING = "https://aws.amazon.com/ec2/pricing/on-demand/ (us-east-1, Linux)"
 HUGEPAGES_DOCS = "https://docs.aws.amazon.com/eks/latest/userguide/node-efa.html"
 GPUDIRECT_NOTE = "aws-ofi-nccl issue 547: g5/g6/g6e have EFA without GPUDirect RDMA"
-
-# The EFA driver pre-allocates 5128 x 2 MiB huge pages; pods that use EFA request 5120Mi.
-EFA_HUGEPAGES_2MI = "5120Mi"
-
 
 @dataclass(frozen=True)
 class GpuInstanceType:
@@ -59,13 +59,22 @@ class CpuInstanceType:
     memory_gib: int
     price_per_hour: float
     sources: tuple[str, ...] = (EC2_DOCS, PRICING)
+    price_note: str | None = None
+
+    # What a GPU row has, as a CPU type has it: code sizing a node reads either kind.
+    gpus = 0
+    gpu_model = None
+    efa_interfaces = 0
+    efa = False
+    nvlink = False
+    hugepages_2mi = None
 
 
 def _gpu(name, gpus, model, mem_mib, tflops, vcpus, ram, efa, rdma, nvlink, gbps, price, extra=(), price_note=None):
     return GpuInstanceType(
         name=name, gpus=gpus, gpu_model=model, gpu_memory_mib=mem_mib, gpu_bf16_tflops=tflops,
         vcpus=vcpus, memory_gib=ram, efa_interfaces=efa, gpudirect_rdma=rdma, nvlink=nvlink,
-        network_gbps=gbps, hugepages_2mi=EFA_HUGEPAGES_2MI if efa else None,
+        network_gbps=gbps, hugepages_2mi=EFA_HUGEPAGES_REQUEST if efa else None,
         price_per_hour=price, sources=(EC2_DOCS, EFA_DOCS, PRICING, HUGEPAGES_DOCS, *extra), price_note=price_note,
     )
 
@@ -114,10 +123,27 @@ GP3_PER_GB_MONTH = 0.08  # https://aws.amazon.com/ebs/pricing/ (gp3 storage, us-
 NAT_GATEWAY_PER_GB = 0.045  # https://aws.amazon.com/vpc/pricing/ (data processed; S3 goes through the free gateway endpoint)
 LOG_INGESTION_PER_GB = 0.50  # https://aws.amazon.com/cloudwatch/pricing/ (standard logs ingested, us-east-1)
 LOG_STORAGE_PER_GB_MONTH = 0.03  # https://aws.amazon.com/cloudwatch/pricing/ (archived logs)
-PRICE_SOURCES = (
-    "https://aws.amazon.com/eks/pricing/",
-    "https://aws.amazon.com/vpc/pricing/",
-    "https://aws.amazon.com/ebs/pricing/",
-    "https://aws.amazon.com/cloudwatch/pricing/",
-    PRICING,
-)
+
+
+InstanceType = GpuInstanceType | CpuInstanceType
+
+# EC2 instance families with GPUs (P, G, and Graviton G: g5g): what the policy pack caps and the
+# Service Quotas family a type bills under.
+_GPU_FAMILY = re.compile(r"^(p|g|gr)\d+[a-z0-9-]*\.")
+
+
+def instance_type(name: str) -> InstanceType | None:
+    """The catalog row of `name`, GPU or CPU; None when the catalog does not know it."""
+    return GPU_TYPES.get(name) or CPU_TYPES.get(name)
+
+
+def is_gpu_type(name: str) -> bool:
+    """True for any EC2 type of a GPU family, in the catalog or not (g4dn.xlarge, p3.2xlarge, ...)."""
+    return name in GPU_TYPES or bool(_GPU_FAMILY.match(name))
+
+
+def quota_family(name: str) -> str:
+    """The EC2 vCPU quota family an instance type counts against: "P", "G" or "standard"."""
+    if not is_gpu_type(name):
+        return "standard"
+    return "P" if name.startswith("p") else "G"

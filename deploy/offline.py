@@ -1,6 +1,6 @@
 """Run the Pulumi program in-process under mocks: no AWS credentials, no Pulumi CLI.
 
-Used by the offline plan (`python -m infra.plan`) and by the tests. Every declared
+Used by the offline plan (`python -m deploy.plan`) and by the tests. Every declared
 resource is recorded with its inputs; IDs and cloud-assigned attributes are
 placeholders. `pulumi preview` against a real account shows the real diff.
 """
@@ -32,7 +32,7 @@ class Recorded:
 
 @dataclass(frozen=True)
 class Registration:
-    """What the engine is told about a resource beyond its inputs: its place in the dependency graph."""
+    """What the engine is told about a resource beyond its inputs: its place in the graph, and its old URNs."""
 
     urn: str
     type: str
@@ -40,12 +40,16 @@ class Registration:
     dependencies: frozenset[str]
     ignore_changes: tuple[str, ...]
     provider: str
+    aliases: frozenset[str] = frozenset()
+    parent: str = ""
 
 
 class _RecordingMonitor(pulumi_mocks.MockMonitor):
-    """Records every registration's dependencies, and never offers resource references.
+    """Records every registration's dependencies and aliases, and never offers resource references.
 
     The stock mock monitor flakes ("attached to a different loop") when a resource is an input.
+    Without alias specs the SDK sends each alias of a resource's own as a full URN; what a child
+    inherits from its parent's aliases the engine adds (PlanResult.old_urns).
     """
 
     def __init__(self, mocks: "RecordingMocks"):
@@ -58,14 +62,15 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
 
     def GetDeploymentInfo(self, request):
         info = super().GetDeploymentInfo(request)
-        kept = [f for f in info.supportedFeatures if f != resource_pb2.RESOURCE_MONITOR_FEATURE_RESOURCE_REFERENCES]
+        refused = (resource_pb2.RESOURCE_MONITOR_FEATURE_RESOURCE_REFERENCES, resource_pb2.RESOURCE_MONITOR_FEATURE_ALIAS_SPECS)
+        kept = [f for f in info.supportedFeatures if f not in refused]
         return resource_pb2.DeploymentInfo(supportedFeatures=kept)
 
     def RegisterResource(self, request):
         response = super().RegisterResource(request)
         self.registrations[response.urn] = Registration(
             response.urn, request.type, request.name, frozenset(request.dependencies),
-            tuple(request.ignoreChanges), request.provider)
+            tuple(request.ignoreChanges), request.provider, frozenset(request.aliasURNs), request.parent)
         return response
 
 
@@ -81,21 +86,20 @@ class RecordingMocks(pulumi.runtime.Mocks):
     """Records resources and answers the data-source calls the program makes, in the shapes AWS returns.
 
     `reservations` maps a capacity reservation id to what EC2 holds for it (AvailabilityZone, InstanceType,
-    InstanceCount, State, and kind "capacity-block" for a Capacity Block); an id not listed is answered
-    with `assumed_reservation` (offline, a configured reservation is assumed to match the configuration).
+    InstanceCount, State, and kind "capacity-block" for a Capacity Block); an id not listed is not found,
+    as EC2 answers (offline, `assume_reservations_from` lists those a configuration names).
     `quotas` maps an EC2 quota code to its value (default: ample).
     """
 
     def __init__(self, region: str, *, zones: list[str] | None = None, offered_zones: list[str] | None = None,
                  zone_ids: dict[str, str] | None = None, reservations: dict[str, dict] | None = None,
-                 assumed_reservation: dict | None = None, caller_arn: str = CALLER,
+                 caller_arn: str = CALLER,
                  quotas: dict[str, float] | None = None):
         self.region = region
         self.zones = zones or ([*US_EAST_1_ZONE_IDS] if region == "us-east-1" else [f"{region}{s}" for s in "abcd"])
         self.zone_ids = zone_ids or _zone_ids(region, self.zones)
         self.offered_zones = self.zones[:3] if offered_zones is None else offered_zones
         self.reservations = reservations or {}
-        self.assumed_reservation = assumed_reservation
         self.caller_arn = caller_arn
         self.quotas = quotas or {}
         self.resources: list[Recorded] = []
@@ -125,7 +129,7 @@ class RecordingMocks(pulumi.runtime.Mocks):
             outputs.setdefault("resources", [{"autoscalingGroups": [{"name": f"eks-{args.name}-placeholder"}],
                                               "remoteAccessSecurityGroupId": ""}])
         elif args.typ.startswith("pulumi-python:dynamic") and "image" in args.inputs:
-            from workloads.image import placeholder_outputs  # the DLC pin: a placeholder digest, flagged
+            from workloads.image import placeholder_outputs  # an image pin: a placeholder digest, flagged
 
             outputs.update(placeholder_outputs(args.inputs))
         elif args.typ == "aws:iam/openIdConnectProvider:OpenIdConnectProvider":
@@ -169,26 +173,20 @@ class RecordingMocks(pulumi.runtime.Mocks):
             return {"quotaCode": code, "serviceCode": "ec2", "value": self.quotas.get(code, 100000.0), "id": code}
         return {}
 
-    def assume_reservation_from(self, raw: dict[str, Any]) -> None:
-        """Offline there is no reservation to read: assume it holds what the configuration asks for."""
-        from infra.config import KEYS
-
-        def get(key: str) -> Any:
-            value = raw.get(f"raytrain-eks:{key}")
-            return KEYS[key].default if value is None else value
-
-        wanted = get("availabilityZone")
-        zone = next((n for n, i in self.zone_ids.items() if wanted in (n, i)), self.zones[0])
-        self.assumed_reservation = {
-            "AvailabilityZone": zone, "InstanceType": get("gpuNodeType"), "InstanceCount": int(get("gpuNodeCount")),
-            "State": "active", "kind": "capacity-block" if get("capacityType") == "CAPACITY_BLOCK" else "odcr"}
+    def assume_reservations_from(self, cfg) -> None:
+        """Offline there is no reservation to read: assume each holds what its pool asks for, in the pool's zone."""
+        for pool in cfg.node_pools:
+            if pool.capacity_reservation_id and pool.capacity_reservation_id not in self.reservations:
+                wanted = pool.availability_zone or cfg.availability_zone
+                zone = next((n for n, i in self.zone_ids.items() if wanted in (n, i)), self.zones[0])
+                self.reservations[pool.capacity_reservation_id] = {
+                    "AvailabilityZone": zone, "InstanceType": pool.instance_type, "InstanceCount": pool.max_size,
+                    "State": "active", "kind": "capacity-block" if pool.capacity_type == "CAPACITY_BLOCK" else "odcr"}
 
     def _reservation(self, rid: str) -> dict:
-        if rid in self.reservations:
-            return self.reservations[rid]
-        if self.assumed_reservation is None:
+        if rid not in self.reservations:
             raise Exception(f"capacity reservation {rid} not found")  # noqa: TRY002 - what the API answers
-        return self.assumed_reservation
+        return self.reservations[rid]
 
 
 @dataclass
@@ -220,6 +218,19 @@ class PlanResult:
                 todo.extend(self.registrations[dep].dependencies if dep in self.registrations else ())
         return seen
 
+    def old_urns(self, urn: str) -> set[str]:
+        """Every URN the engine matches `urn` against in an existing state: its own as the engine writes it, its
+        aliases, and those it inherits from its parent's aliases (the engine's stepGenerator.generateAliases)."""
+        reg = self.registrations[urn]
+        found = {engine_urn(urn), *map(engine_urn, reg.aliases)}
+        if reg.parent in self.registrations:
+            parent = self.registrations[reg.parent]
+            for alias in self.old_urns(reg.parent) - {engine_urn(reg.parent)}:
+                prefix, chain, alias_name = alias.rsplit("::", 2)
+                name = alias_name + reg.name[len(parent.name):] if reg.name.startswith(parent.name) else reg.name
+                found.add(f"{prefix}::{chain}${reg.type}::{name}")
+        return found
+
     def of_type(self, typ: str) -> list[Recorded]:
         return [r for r in self.resources if r.type == typ]
 
@@ -228,6 +239,11 @@ class PlanResult:
         if len(found) != 1:
             raise AssertionError(f"expected one {typ} {name or ''}, found {[r.name for r in found]}")
         return found[0]
+
+
+def engine_urn(urn: str) -> str:
+    """The URN as the engine writes it: the mock monitor keeps the root stack's type in the chain, the engine drops it."""
+    return urn.replace("::pulumi:pulumi:Stack$", "::", 1)
 
 
 def plain(value: Any) -> Any:
@@ -248,13 +264,19 @@ def _config_strings(raw: dict[str, Any]) -> dict[str, str]:
 
 def run(raw_config: dict[str, Any], *, stack: str = "dev", project: str = "raytrain-eks",
         mocks: RecordingMocks | None = None, program: Callable[[], dict] | None = None) -> PlanResult:
-    """Run the program once under mocks with the given full-key configuration."""
-    from infra import program as stack_program
+    """Run the program once under mocks with the given full-key configuration.
+
+    Without `mocks`, the configuration is loaded first (a ConfigError names every problem) and each
+    capacity reservation it names is assumed to match its pool.
+    """
+    from deploy import config as stack_config
+    from deploy import program as stack_program
 
     region = str(raw_config.get("aws:region") or "us-east-1")
     if mocks is None:
         mocks = RecordingMocks(region)
-        mocks.assume_reservation_from(raw_config)
+        if program is None:
+            mocks.assume_reservations_from(stack_config.load(raw_config, stack=stack, project=project))
     monitor = _RecordingMonitor(mocks)
     pulumi.runtime.set_mocks(mocks, project=project, stack=stack, preview=False, monitor=monitor)
     pulumi.runtime.set_all_config(_config_strings(raw_config))

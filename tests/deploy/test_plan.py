@@ -6,15 +6,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
-from infra import plan
+from deploy import plan
+from tests.stacks import read_stack_file
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_plan_command_prints_resources_cost_and_writes_files(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "infra.plan", "--stack", "dev", "--out", str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "deploy.plan", "--stack", "dev", "--out", str(tmp_path)],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "placeholders" in proc.stdout and "pulumi preview" in proc.stdout
@@ -39,6 +41,21 @@ def test_invalid_stack_exits_2_with_only_the_errors(tmp_path, monkeypatch, capsy
     assert not (tmp_path / "out").exists()
 
 
+def test_an_image_without_a_registry_host_is_a_config_error_not_a_traceback(tmp_path):
+    """`myregistry/ray:2.58` passed the configuration and then failed in the image pin with a traceback."""
+    stack = tmp_path / "Pulumi.img.yaml"
+    stack.write_text(yaml.safe_dump({"config": {"aws:region": "us-east-1", "raytrain-eks:apiAccessCidrs": ["203.0.113.10/32"],
+                                                "raytrain-eks:dlcImage": "myregistry/ray:2.58"}}))
+    code = ("import pathlib, sys; from deploy import plan; "
+            f"plan.REPO_ROOT = pathlib.Path({str(tmp_path)!r}); sys.exit(plan.main(['--stack', 'img']))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert proc.stderr.startswith("error: invalid stack configuration (1 problem(s)):")
+    assert "raytrain-eks:dlcImage: 'myregistry/ray:2.58' does not start with a registry host" in proc.stderr
+    assert "(Pulumi.img.yaml line " in proc.stderr  # the line of the key
+
+
 def test_unknown_stack_names_the_known_ones(capsys):
     assert plan.main(["--stack", "nope"]) == 2
     err = capsys.readouterr().err
@@ -47,12 +64,12 @@ def test_unknown_stack_names_the_known_ones(capsys):
 
 def test_secure_values_are_not_read_as_plain_text(tmp_path):
     (tmp_path / "Pulumi.s.yaml").write_text(yaml.safe_dump({"config": {"raytrain-eks:x": {"secure": "AAAA"}}}))
-    assert plan.read_stack_file("s", tmp_path) == {"raytrain-eks:x": "[secret]"}
+    assert read_stack_file("s", tmp_path) == {"raytrain-eks:x": "[secret]"}
 
 
 def test_pulumi_program_does_not_need_torch():
-    code = ("import sys, infra.program, infra.plan, infra.offline; "
-            "from infra import offline; offline.run({'aws:region': 'us-east-1', "
+    code = ("import sys, deploy.program, deploy.plan, deploy.offline; "
+            "from deploy import offline; offline.run({'aws:region': 'us-east-1', "
             "'raytrain-eks:apiAccessCidrs': ['203.0.113.10/32']}); "
             "bad = [m for m in ('torch', 'ray', 'transformers') if m in sys.modules]; "
             "assert not bad, bad")
@@ -102,3 +119,27 @@ def test_a_reservation_plans_offline_as_if_it_matched(tmp_path, monkeypatch, cap
                 availabilityZone="us-east-1c")
     assert ("offline: capacity reservation cr-0123456789abcdef0 is assumed to hold 2 x g6.12xlarge in "
             "us-east-1c; `pulumi preview` reads the real one") in out
+
+
+@pytest.mark.parametrize("config, says", [
+    ({"raytrain-eks:nodePools": {"gpu": {"instanceType": "g6.12xlarge"}}}, "raytrain-eks:nodePools: no pool named system"),
+    ({"raytrain-eks:nodePools": "not a map"}, "raytrain-eks:nodePools: 'not a map' is not a dict"),
+    ({"raytrain-eks:dlcImage": "ray"}, "raytrain-eks:dlcImage: 'ray' names no registry"),
+    ({"raytrain-eks:gpuNodeCount": [1, 2]}, "raytrain-eks:gpuNodeCount: [1, 2] is not a whole number"),
+])
+def test_user_input_never_ends_in_a_traceback(tmp_path, config, says):
+    """The plan as a user runs it: exit 2, `error: ...` naming the key, nothing on stdout, no traceback."""
+    (tmp_path / "Pulumi.x.yaml").write_text(yaml.safe_dump({"config": {
+        "aws:region": "us-east-1", "raytrain-eks:apiAccessCidrs": ["203.0.113.10/32"], **config}}))
+    code = ("import pathlib, sys; from deploy import plan; "
+            f"plan.REPO_ROOT = pathlib.Path({str(tmp_path)!r}); sys.exit(plan.main(['--stack', 'x']))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
+    assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr and says in proc.stderr
+
+
+def test_an_out_that_is_a_file_is_refused_before_anything_runs(tmp_path, capsys):
+    (tmp_path / "taken").write_text("")
+    assert plan.main(["--stack", "dev", "--out", str(tmp_path / "taken")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "--out" in captured.err and "a file, not a folder" in captured.err

@@ -3,13 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from infra import catalog
+from facts import catalog
 
-REQUIRED = ["g6.12xlarge", "g6.48xlarge", "g6e.12xlarge", "g6e.48xlarge", "p4d.24xlarge", "p5.48xlarge", "p5e.48xlarge"]
-
-
-@pytest.mark.parametrize("name", REQUIRED)
-def test_every_supported_type_is_complete(name):
+@pytest.mark.parametrize("name", sorted(catalog.GPU_TYPES))
+def test_every_gpu_row_is_complete(name):
+    """A row added to the catalog is checked here without touching this file."""
     row = catalog.GPU_TYPES[name]
     assert row.gpus in (4, 8) and row.gpu_model.startswith("NVIDIA ")
     assert row.gpu_memory_gib > 0 and row.gpu_bf16_tflops > 0
@@ -33,3 +31,16 @@ def test_reference_figures():
 
 def test_non_efa_types_are_not_supported():
     assert not catalog.NON_EFA_GPU_TYPES & set(catalog.GPU_TYPES)
+
+
+@pytest.mark.parametrize("name", sorted(catalog.CPU_TYPES))
+def test_every_cpu_row_is_complete(name):
+    row = catalog.CPU_TYPES[name]
+    assert row.vcpus >= 2 and row.memory_gib >= 8 and row.price_per_hour > 0
+    assert (row.gpus, row.efa_interfaces, row.hugepages_2mi) == (0, 0, None)
+    assert any("pricing" in s for s in row.sources)
+
+
+def test_the_types_the_shipped_stacks_and_the_readme_use_are_there():
+    assert {"g6.12xlarge", "g6e.12xlarge", "p5.48xlarge"} <= set(catalog.GPU_TYPES)
+    assert {"m7i.xlarge", "m7i.4xlarge"} <= set(catalog.CPU_TYPES)

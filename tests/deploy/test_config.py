@@ -1,10 +1,12 @@
 """Stack configuration: defaults, parsing of both value forms, and every bad input named."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from infra import catalog
-from infra.config import DEFAULT_DLC_IMAGE, ConfigError, load
+from facts import catalog
+from deploy.config import DEFAULT_DLC_IMAGE, ConfigError, load
 
 GOOD = {"aws:region": "us-east-1", "raytrain-eks:apiAccessCidrs": ["203.0.113.10/32"]}
 
@@ -25,22 +27,25 @@ def problems_for(**overrides) -> list[str]:
 def test_defaults_match_the_reference_deployment():
     cfg = load(GOOD, stack="dev")
     assert cfg.cluster_name == "raytrain-eks-dev"
-    assert (cfg.gpu_node_type, cfg.gpu_node_count) == ("g6.12xlarge", 2)
-    assert (cfg.system_node_type, cfg.system_node_count) == ("m7i.xlarge", 1)
-    assert cfg.capacity_type == "ON_DEMAND" and cfg.capacity_reservation_id is None
-    assert cfg.placement_group is True
+    system, gpu = cfg.node_pools
+    assert (system.name, system.instance_type, system.max_size) == ("system", "m7i.xlarge", 1)
+    assert (gpu.name, gpu.instance_type, gpu.min_size, gpu.max_size) == ("gpu", "g6.12xlarge", 2, 2)
+    assert gpu.capacity_type == "ON_DEMAND" and gpu.capacity_reservation_id is None
+    assert gpu.placement_group is True and gpu.efa and gpu.ray_worker_group == "gpu-workers"
+    assert dict(gpu.labels) == {"role": "gpu-worker", "nvidia.com/gpu.present": "true"}
+    assert dict(system.labels) == {"role": "system"} and not system.taints and not system.ray_worker_group
     assert cfg.ray_version == "2.58.0" and cfg.kuberay_version == "1.7.0"
     assert cfg.dlc_image == DEFAULT_DLC_IMAGE and not cfg.image_is_digest
     assert cfg.retain_checkpoints_on_destroy is True and cfg.checkpoint_bucket is None
     assert cfg.availability_zone is None and cfg.admin_role_arns == ()
     assert cfg.api_access_cidrs == ("203.0.113.10/32",)
-    assert cfg.gpu.gpus == 4 and cfg.gpu.efa_interfaces == 1
+    assert gpu.gpus == 4 and gpu.instance.efa_interfaces == 1
 
 
 def test_config_is_immutable():
     cfg = load(GOOD, stack="dev")
-    with pytest.raises(Exception):
-        cfg.gpu_node_count = 8  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.cluster_name = "other"  # type: ignore[misc]
     with pytest.raises(TypeError):
         cfg.tags["x"] = "y"  # type: ignore[index]
 
@@ -52,12 +57,13 @@ def test_engine_strings_and_yaml_values_parse_the_same():
                     "raytrain-eks:gpuNodeCount": "4", "raytrain-eks:placementGroup": "false",
                     "raytrain-eks:tags": '{"team": "ml"}'}, stack="dev")
     assert native == strings
-    assert strings.gpu_node_count == 4 and strings.placement_group is False and dict(strings.tags) == {"team": "ml"}
+    gpu = strings.pool("gpu")
+    assert gpu.max_size == 4 and gpu.placement_group is False and dict(strings.tags) == {"team": "ml"}
 
 
 def test_a_capacity_reservation_turns_the_default_placement_group_off():
     cfg = load({**GOOD, "raytrain-eks:capacityReservationId": "cr-0123456789abcdef0"}, stack="dev")
-    assert cfg.placement_group is False
+    assert cfg.pool("gpu").placement_group is False
 
 
 def test_digest_image_is_used_as_is():
@@ -92,6 +98,7 @@ BAD = [
     ({"adminRoleArns": ["admin"]}, "adminRoleArns", "not an IAM role"),
     ({"dlcImage": "ray:latest"}, "dlcImage", "registry/repository"),
     ({"dlcImage": "public.ecr.aws/x/ray@sha256:1234"}, "dlcImage", "registry/repository@sha256"),
+    ({"dlcImage": "myregistry/ray:2.58"}, "dlcImage", "would read it as a Docker Hub namespace"),
     ({"rayVersion": "2.40.0"}, "rayVersion", "token authentication"),
     ({"rayVersion": "latest"}, "rayVersion", "not a version"),
     ({"kuberayVersion": "one"}, "kuberayVersion", "not a version"),
@@ -214,5 +221,5 @@ def test_capacity_blocks_and_zone_ids_are_accepted():
     cfg = load({**GOOD, "raytrain-eks:capacityType": "CAPACITY_BLOCK", "raytrain-eks:gpuNodeType": "p5.48xlarge",
                 "raytrain-eks:capacityReservationId": "cr-0123456789abcdef0",
                 "raytrain-eks:availabilityZone": "use1-az6"}, stack="p5")
-    assert cfg.capacity_type == "CAPACITY_BLOCK" and cfg.availability_zone == "use1-az6"
-    assert cfg.placement_group is False
+    assert cfg.pool("gpu").capacity_type == "CAPACITY_BLOCK" and cfg.availability_zone == "use1-az6"
+    assert cfg.pool("gpu").placement_group is False

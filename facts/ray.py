@@ -1,0 +1,23 @@
+"""Ray's names and paths in the cluster: what the RayCluster declares and what the trainer and submit expect."""
+from __future__ import annotations
+
+CLUSTER_NAME = "raytrain"
+SERVICE_ACCOUNT = "ray-train"  # carries the IRSA role of the checkpoint bucket
+DEFAULT_NAMESPACE = "ray"
+CLUSTER_LABEL = "ray.io/cluster"  # KubeRay labels every pod of a RayCluster with it (utils.RayClusterLabelKey)
+AUTH_TOKEN_KEY = "auth_token"  # key of the Secret KubeRay creates for authOptions.mode token
+
+DASHBOARD_PORT = 8265  # dashboard and Jobs API
+HEAD_PORTS = {"gcs-server": 6379, "dashboard": DASHBOARD_PORT, "client": 10001}
+
+TMP_DIR = "/tmp/ray"  # session logs; a volume of its own on every Ray pod
+# Where `trainer submit` has NCCL write its per-rank debug files; the worker pods mount a volume
+# there, because NCCL creates no directories.
+NCCL_LOG_DIR = f"{TMP_DIR}/nccl"
+# Set on the head: the jobs' default storage (the stack's checkpoint bucket).
+CHECKPOINT_ENV = "CHECKPOINT_URI"
+
+
+def head_service(cluster: str = CLUSTER_NAME) -> str:
+    """KubeRay names the head Service <raycluster>-head-svc."""
+    return f"{cluster}-head-svc"

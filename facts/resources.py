@@ -1,0 +1,34 @@
+"""Kubernetes extended-resource names, and the huge pages an EFA node sets aside.
+
+What a node advertises (device plugins), what a Ray worker that claims the whole node requests,
+and what the Cluster Autoscaler's node template promises for a node group at zero are one set of
+names and quantities, computed here from the instance catalog.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+GPU = "nvidia.com/gpu"
+EFA = "vpc.amazonaws.com/efa"
+HUGEPAGES_2MI = "hugepages-2Mi"
+
+# The EFA driver pre-allocates 5128 x 2 MiB huge pages at boot; pods that use EFA request 5120Mi
+# (EKS user guide, node-efa). The kubelet does not count them as allocatable memory.
+EFA_PREALLOCATED_HUGEPAGES = 5128
+EFA_HUGEPAGES_REQUEST = "5120Mi"
+EFA_PREALLOCATED_HUGEPAGES_GIB = math.ceil(EFA_PREALLOCATED_HUGEPAGES * 2 / 1024)
+
+
+def extended(instance: Any, *, efa: bool = True) -> dict[str, str]:
+    """GPUs, EFA devices and EFA huge pages of one node of `instance` (a facts.catalog row); none on a CPU type.
+
+    `efa` False: the node was launched without its EFA interfaces, so it has no EFA device.
+    """
+    found: dict[str, str] = {}
+    if instance.gpus:
+        found[GPU] = str(instance.gpus)
+    if efa and instance.efa_interfaces:
+        found[EFA] = str(instance.efa_interfaces)
+        found[HUGEPAGES_2MI] = EFA_HUGEPAGES_REQUEST
+    return found

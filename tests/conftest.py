@@ -1,0 +1,48 @@
+"""Fixtures every test directory uses: the real KubeRay v1.7.0 RayCluster CRD (tests.upstream) as validators."""
+from __future__ import annotations
+
+import copy
+
+import jsonschema
+import pytest
+import yaml
+
+from tests import upstream
+
+
+def _load_schema() -> dict:
+    crd_path = upstream.path("ray.io_rayclusters.yaml")  # KubeRay v1.7.0; `python -m tests.upstream fetch`
+    crd = yaml.load(crd_path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    return v1["schema"]["openAPIV3Schema"]
+
+
+def no_unknown_fields(schema):
+    """The schema with additionalProperties: false on every object that lists its properties.
+
+    The API server prunes unknown fields silently (and kubectl --validate=strict refuses them);
+    this turns a misspelt or misplaced field into a validation error here."""
+    if isinstance(schema, list):
+        return [no_unknown_fields(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: no_unknown_fields(v) for k, v in schema.items()}
+    if ("properties" in out and "additionalProperties" not in out
+            and not out.get("x-kubernetes-preserve-unknown-fields")):
+        out["additionalProperties"] = False
+    return out
+
+
+@pytest.fixture(scope="session")
+def raycluster_schema() -> jsonschema.Validator:
+    """The v1 openAPIV3Schema as a validator (OpenAPI v3.0 schemas read as JSON Schema draft 7)."""
+    schema = _load_schema()
+    jsonschema.Draft7Validator.check_schema(schema)
+    return jsonschema.Draft7Validator(schema)
+
+
+@pytest.fixture(scope="session")
+def strict_raycluster_schema(raycluster_schema) -> jsonschema.Validator:
+    return jsonschema.Draft7Validator(no_unknown_fields(copy.deepcopy(raycluster_schema.schema)))
+
+

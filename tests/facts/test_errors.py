@@ -1,0 +1,51 @@
+"""The error model: a user error prints as `error: ...` with its exit code, problems are reported together."""
+from __future__ import annotations
+
+import pytest
+
+from facts import errors
+
+
+def test_a_problem_names_the_key_the_value_why_and_the_fix():
+    problem = errors.Problem("raytrain-eks:gpuNodeCount", "is out of range", value=0, fix="set 1 to 64")
+    assert str(problem) == "raytrain-eks:gpuNodeCount: 0 is out of range; set 1 to 64"
+    assert str(errors.Problem("--stack", "not set")) == "--stack: not set"
+
+
+def test_problems_are_collected_then_raised_together():
+    problems = errors.Problems()
+    problems.raise_if_any()  # nothing yet: no error
+    problems.add("a", "is wrong", fix="fix a")
+    problems.append("b: is wrong too; fix b")
+    problems.extend(["c: third"])
+    with pytest.raises(errors.ProblemsError) as info:
+        problems.raise_if_any()
+    assert info.value.problems == ["a: is wrong; fix a", "b: is wrong too; fix b", "c: third"]
+    assert str(info.value).startswith("invalid input (3 problem(s)):\n  - a: is wrong; fix a\n")
+    assert info.value.exit_code == errors.EXIT_USAGE
+
+
+def test_the_wrapper_prints_the_error_and_returns_its_code(capsys):
+    class Stopped(errors.UserError):
+        exit_code = 7
+
+    def main(argv):
+        if argv == ["bad"]:
+            raise errors.ProblemsError(["--flag: missing"], title="bad flags")
+        if argv == ["stopped"]:
+            raise Stopped("the run was stopped")
+        return None
+
+    assert errors.run(main, ["ok"]) == errors.EXIT_OK
+    assert errors.run(main, ["bad"]) == errors.EXIT_USAGE
+    assert capsys.readouterr().err == "error: bad flags (1 problem(s)):\n  - --flag: missing\n"
+    assert errors.run(main, ["stopped"]) == 7
+    assert capsys.readouterr().err == "error: the run was stopped\n"
+
+
+def test_anything_else_is_a_bug_and_keeps_its_traceback():
+    def main(argv):
+        raise KeyError("x")
+
+    with pytest.raises(KeyError):
+        errors.run(main, [])
