@@ -23,6 +23,8 @@ from typing import Iterator, Sequence
 
 from trainer import demo
 from trainer.config import ConfigError, TrainConfig, add_arguments, from_args, split_out, validate
+from trainer.errors import UserError, cli
+from trainer.storage import location_problem
 
 DEFAULTS = dict(num_workers=2, steps=400, seed=0, global_batch_size=32, log_every=20, checkpoint_every=200,
                 max_failures=1, lr=3e-3, seq_len=128, min_lr_ratio=0.1, schedule="cosine", device="cpu")
@@ -155,15 +157,19 @@ def _quiet_libraries() -> None:
     huggingface_hub.utils.disable_progress_bars()
 
 
+@cli
 def main(argv: Sequence[str]) -> int:
     args = _parser().parse_args(list(argv))
     t_start = time.perf_counter()
     out = run_folder(args)
-    try:
-        cfg = make_config(args, out)  # validate the flags before writing anything
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    cfg = make_config(args, out)  # validate the flags before writing anything
+    where = location_problem(str(out))
+    if where:
+        raise ConfigError([f"--out {out}: {where}"])
+    if args.address:
+        from trainer.cluster import check_reachable
+
+        check_reachable(args.address)
 
     _quiet_libraries()
     demo_model, demo_data = cfg.model == str(out / DEMO_MODEL), uses_demo_data(cfg, out)
@@ -171,13 +177,10 @@ def main(argv: Sequence[str]) -> int:
     print(f"[1/5] preparing {what or 'the run'} in {out}", flush=True)
     init_model, eval_rows = prepare_assets(out, cfg.seed, model=demo_model, data=demo_data)
 
-    from trainer.launch import preflight, train
+    from trainer.launch import connect, preflight, print_notes, train
 
-    try:
-        preflight(cfg)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    info = preflight(cfg)
+    print_notes(info)
     before = _evaluate(init_model, eval_rows) if eval_rows else None
     if before is not None:
         print(f"[2/5] held-out exact match before training: {before:.1%} ({len(eval_rows)} examples)", flush=True)
@@ -188,7 +191,7 @@ def main(argv: Sequence[str]) -> int:
 
     with contextlib.ExitStack() as stack:
         if args.address:
-            ctx = ray.init(address=args.address, logging_level="WARNING")
+            ctx = connect(args.address, logging_level="WARNING")
             stack.callback(ray.shutdown)
             where = f"the Ray cluster at {args.address}"
         else:
@@ -200,7 +203,9 @@ def main(argv: Sequence[str]) -> int:
               f"{cfg.seq_len} tokens", flush=True)
         t_train = time.perf_counter()
         try:
-            result = train(cfg, check=False, quiet=True)
+            result = train(cfg, check=False, quiet=True, inputs=info["inputs"])
+        except UserError:
+            raise
         except Exception as e:  # noqa: BLE001 - Ray raises the workers' error from fit()
             print(f"error: training failed: {e}", file=sys.stderr)
             return 1

@@ -25,16 +25,20 @@ from trainer import flops as flops_lib
 from trainer import record as run_record
 from trainer.config import TrainConfig, total_steps
 from trainer.data import DataSpec, PackedData, prepare
+from trainer.data import summary as data_summary
 from trainer.metrics import (EVENTS_FILE, METRICS_FILE, MLFLOW_DIR, TENSORBOARD_DIR, IntervalTracker, MetricsWriter,
                              RayReportBudget)
 from trainer.model import (build_model, build_optimizer, build_scheduler, enable_activation_checkpointing,
                            load_tokenizer, resolve_model_path)
+from trainer.resume import INPUTS_KEY
 from trainer.step import StepHealth, TrainingDiverged, check_loss_path, choose_micro_batch, resolve_loss, train_step
 from trainer.storage import Storage
 
 log = logging.getLogger("trainer")
 
 CHAT_TEMPLATE_KEY = "chat_template_text"  # train_loop_config key: --chat-template's text, read by the driver
+DATA_COUNTS = ("records", "documents", "rows", "truncated", "dropped", "drop_reasons", "too_long", "longest_tokens",
+               "longest_record")
 LOSS = "auto"  # train_step's loss, also the one the micro-batch probe runs (they must use the same memory)
 
 
@@ -123,13 +127,15 @@ def transport_check(cfg: TrainConfig, env: WorkerEnv) -> None:
 def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
         latest_checkpoint: str | None = None,
         reporter: Callable[[dict, str | None], None] | None = None,
-        preemption: Callable[[], Any] | None = None, chat_template: str | None = None) -> dict:
+        preemption: Callable[[], Any] | None = None, chat_template: str | None = None,
+        inputs: dict | None = None) -> dict:
     """Train to the configured number of steps; returns the last logged metrics.
 
     `preemption` (ray.train.get_preemption_info under Ray) is asked at every logging step,
     on every rank (it is a barrier); once it reports a node about to be reclaimed, a
     checkpoint is saved right away, so the restart loses at most those steps. `chat_template`
-    (the text of --chat-template, read by the driver) replaces the tokenizer's.
+    (the text of --chat-template, read by the driver) replaces the tokenizer's; `inputs` (the
+    driver's trainer.resume.inputs) go into run.json.
     """
     rank0 = env.rank == 0
     cache_dir = cfg.resolved_cache_dir
@@ -150,7 +156,8 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
 
     model = build_model(model_path, device=env.device, use_gpu=cfg.use_gpu, mesh=env.mesh,
                         attn_implementation=cfg.attn_implementation,
-                        activation_checkpointing=cfg.activation_checkpointing, seed=cfg.seed)
+                        activation_checkpointing=cfg.activation_checkpointing, seed=cfg.seed,
+                        random_init=cfg.random_init)
     check_loss_path(model, resolve_loss(LOSS, env.device), env.device)  # before the micro-batch probe measures it
     optimizer = build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=cfg.use_gpu)
     scheduler = build_scheduler(optimizer, warmup=cfg.warmup_for(steps), total=steps,
@@ -180,13 +187,17 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
     ray_budget = RayReportBudget()
     fpt = flops_lib.flops_per_token(model.config, cfg.seq_len)
     tracker = IntervalTracker(env.device, fpt, flops_lib.device_peak_flops(cfg.peak_tflops), env.world_size)
+    notes = data_summary(data.meta, cfg.overlong)
     writer.event("resume" if resume_from else "start", step=start, world_size=env.world_size,
                  checkpoint=storage.path(resume_from) if resume_from else None, total_steps=steps,
-                 micro_batch_size=micro, grad_accum_steps=cfg.grad_accum_for(micro), micro_batch=fit)
+                 micro_batch_size=micro, grad_accum_steps=cfg.grad_accum_for(micro), micro_batch=fit,
+                 data={k: data.meta.get(k) for k in DATA_COUNTS}, data_notes=notes)
     record = run_record.write_run_record(storage, cfg, device=env.device, rank=env.rank, world_size=env.world_size,
                                          data_meta=data.meta, data_key=data.fingerprint, start_step=start,
-                                         total_steps=steps)
+                                         total_steps=steps, inputs=inputs)
     if rank0:
+        for note in notes:
+            log.warning("data: %s", note)
         log.info("training %s for %d steps (start %d): %d workers x %d micro-batches x %d sequences of %d tokens",
                  cfg.model, steps, start, env.world_size, cfg.grad_accum_for(micro), micro, cfg.seq_len)
 
@@ -377,6 +388,7 @@ def train_func(config: dict) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     config = dict(config)
     chat_template = config.pop(CHAT_TEMPLATE_KEY, None)
+    inputs = config.pop(INPUTS_KEY, None)
     cfg = TrainConfig.from_dict(config)
     ctx = ray.train.get_context()
     device = None
@@ -393,6 +405,6 @@ def train_func(config: dict) -> None:
         ckpt.report_to_ray(metrics, checkpoint_path, storage)
 
     run(cfg, env, storage, latest_checkpoint=latest.path if latest else None, reporter=reporter,
-        preemption=ray.train.get_preemption_info, chat_template=chat_template)
+        preemption=ray.train.get_preemption_info, chat_template=chat_template, inputs=inputs)
     if dist.is_initialized():
         dist.barrier()

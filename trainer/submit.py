@@ -33,6 +33,8 @@ from dataclasses import replace as dataclass_replace
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from trainer.errors import UserError
+
 PACKAGE_DIR = Path(__file__).resolve().parent
 DASHBOARD_PORT = 8265
 CONNECT_TIMEOUT_S = 10.0
@@ -45,7 +47,7 @@ CHECKPOINT_ENV = "CHECKPOINT_URI"  # the head's default storage (trainer.launch.
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED = 0, 1, 2, 3
 
 
-class SubmitError(RuntimeError):
+class SubmitError(UserError, RuntimeError):
     """A problem reaching or using the cluster, explained for the user."""
 
 
