@@ -167,7 +167,7 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
 
     # -- resume
     start = 0
-    resume_from = ckpt.latest_complete(storage, latest_checkpoint)
+    resume_from = ckpt.resume_point(storage, latest_checkpoint)
     if resume_from:
         state = ckpt.load(storage, resume_from, model, optimizer, scheduler)
         start = state["step"]
@@ -241,7 +241,8 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
             try:
                 path = ckpt.save(storage, done, model, optimizer, scheduler,
                                  data.position(done, cfg.global_batch_size),
-                                 extra={"data_fingerprint": data.fingerprint, "total_steps": steps})
+                                 extra={"data_fingerprint": data.fingerprint, "total_steps": steps},
+                                 keep=cfg.num_to_keep)
             except ckpt.CheckpointError as e:
                 _record_failed_save(writer, storage, metrics_dir, rank0, done, e)
                 raise
