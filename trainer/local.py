@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import dataclasses
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -175,11 +176,17 @@ def main(argv: Sequence[str]) -> int:
     demo_model, demo_data = cfg.model == str(out / DEMO_MODEL), uses_demo_data(cfg, out)
     what = " and ".join(w for w, on in (("the tiny Qwen2 model", demo_model), ("the instruction data", demo_data)) if on)
     print(f"[1/5] preparing {what or 'the run'} in {out}", flush=True)
+    created = not out.exists()
     init_model, eval_rows = prepare_assets(out, cfg.seed, model=demo_model, data=demo_data)
 
     from trainer.launch import connect, preflight, print_notes, train
 
-    info = preflight(cfg)
+    try:
+        info = preflight(cfg)
+    except UserError:
+        if created:  # nothing half-created: the demo's files go again with the folder they were made in
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     print_notes(info)
     before = _evaluate(init_model, eval_rows) if eval_rows else None
     if before is not None:
