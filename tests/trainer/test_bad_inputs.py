@@ -288,3 +288,23 @@ def test_every_cli_turns_a_bad_input_into_one_error_line_never_a_traceback(comma
     assert "Traceback" not in proc.stderr and "error: invalid training configuration" in proc.stderr, proc.stderr
     assert "latin1.jsonl line 3" in proc.stderr
     assert not (inputs["tmp"] / "runs").exists()
+
+
+def test_the_job_records_what_packing_cut_or_dropped_in_its_event_log(process_group, inputs, tmp_path, caplog):
+    from trainer.config import TrainConfig
+    from trainer.loop import run, setup_parallel
+    from trainer.storage import Storage
+
+    rows = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a " * n}]}
+            for n in (3, 200, 5, 6)] * 2
+    data = tmp_path / "mixed.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = TrainConfig(model=inputs["model"], dataset=str(data), seq_len=64, global_batch_size=2, num_workers=1,
+                      steps=1, log_every=1, export=False, progress=False, report_to="none",
+                      storage_path=str(tmp_path), run_name="cut", cache_dir=str(tmp_path / "cache"))
+    with caplog.at_level("WARNING", logger="trainer"):
+        run(cfg, setup_parallel(cfg, 0, 1, 0), Storage.from_uri(cfg.run_uri))
+    start = json.loads((tmp_path / "cut" / "events.jsonl").read_text().splitlines()[0])
+    assert start["event"] == "start" and start["data"]["too_long"] == 2 and start["data"]["truncated"] == 2
+    assert start["data"]["longest_record"] == 1 and start["data_notes"][0].startswith("2 of 8 records are longer")
+    assert "data: 2 of 8 records are longer than --seq-len 64 and were truncated" in caplog.text  # the job log
