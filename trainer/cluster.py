@@ -80,8 +80,9 @@ def capacity_problem(need: Mapping[str, float], current: Mapping[str, float],
     fix = (f"use --num-workers {fits} or fewer" if fits else
            ("there is no GPU in this cluster; use --device cpu, or a cluster with GPU nodes" if name == "GPU"
             else f"the cluster has no {name}"))
+    later = "" if autoscaler_max else " (nodes still starting count once they have joined: `ray status`)"
     return (f"--num-workers {num_workers} asks for {asked:g} {name} ({per_worker:g} per worker); the Ray cluster has "
-            f"{have} {name} {how}; {fix}, or add nodes to the cluster")
+            f"{have} {name} {how}; {fix}, or add nodes to the cluster{later}")
 
 
 def check_capacity(num_workers: int, use_gpu: bool) -> None:

@@ -28,13 +28,6 @@ from pathlib import Path
 from typing import Callable
 
 REPO = Path(__file__).resolve().parents[2]
-VENV_BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -251,21 +244,18 @@ def message(proc: subprocess.CompletedProcess) -> str:
     return (notes[0] if notes else (lines[-1] if lines else ""))[:200]
 
 
-def start_cluster(root: Path) -> tuple[subprocess.Popen, dict]:
+def start_cluster() -> tuple[subprocess.Popen, dict]:
+    """A local Ray head of 8 CPUs (no auth), as the test suite's session cluster."""
+    import urllib.request
+
+    from tests.trainer.conftest import free_port, ray_start_head
+
     port, dash = free_port(), free_port()
     temp = tempfile.mkdtemp(prefix="rs-", dir="/tmp")
     log = open(Path(temp) / "ray-start.log", "w")
-    proc = subprocess.Popen(
-        [str(VENV_BIN / "ray"), "start", "--head", "--block", "--port", str(port), "--num-cpus", "8",
-         "--node-ip-address", "127.0.0.1", "--temp-dir", temp, "--include-dashboard", "true",
-         "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash), "--disable-usage-stats",
-         "--dashboard-agent-listen-port", str(free_port()), "--dashboard-agent-grpc-port", str(free_port()),
-         "--runtime-env-agent-port", str(free_port()), "--metrics-export-port", str(free_port()),
-         "--ray-client-server-port", str(free_port())],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(ray_start_head(temp, port, dash), stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
     deadline = time.time() + 180
-    import urllib.request
-
     while time.time() < deadline:
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{dash}/api/version", timeout=2)
@@ -320,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         s.bind(("127.0.0.1", 0))
         sweep.cluster["closed"] = s.getsockname()[1]
     if any(c.cluster for c in cases):
-        cluster_proc, info = start_cluster(root)
+        cluster_proc, info = start_cluster()
         sweep.cluster.update(info)
     rows_out = []
     try:

@@ -308,3 +308,17 @@ def test_the_job_records_what_packing_cut_or_dropped_in_its_event_log(process_gr
     assert start["event"] == "start" and start["data"]["too_long"] == 2 and start["data"]["truncated"] == 2
     assert start["data"]["longest_record"] == 1 and start["data_notes"][0].startswith("2 of 8 records are longer")
     assert "data: 2 of 8 records are longer than --seq-len 64 and were truncated" in caplog.text  # the job log
+
+
+def test_the_cluster_ceiling_is_the_autoscalers_maximum_else_what_the_cluster_has():
+    from trainer.cluster import capacity_problem
+
+    need = {"GPU": 16.0}
+    static = capacity_problem(need, {"CPU": 96.0, "GPU": 8.0}, None, num_workers=16)
+    assert static.startswith("--num-workers 16 asks for 16 GPU (1 per worker); the Ray cluster has 8 GPU and cannot "
+                             "grow (no autoscaler); use --num-workers 8 or fewer"), static
+    # KubeRay's autoscaler: 0 GPU nodes now, up to 4 x 4 GPUs: the run waits for them, it is not refused
+    assert capacity_problem(need, {"CPU": 4.0}, {"CPU": 196.0, "GPU": 16.0}, num_workers=16) is None
+    scaled = capacity_problem({"GPU": 24.0}, {"CPU": 4.0}, {"GPU": 16.0}, num_workers=24)
+    assert "has 16 GPU at most, with the autoscaler's node groups at their maximum" in scaled
+    assert "no GPU in this cluster" in capacity_problem(need, {"CPU": 8.0}, None, num_workers=16)
