@@ -218,7 +218,7 @@ def pack(docs: Iterable[tuple[Sequence[int], Sequence[bool]]], seq_len: int, pad
 
 # ---------------------------------------------------------------- cache and sharding
 
-def _tokenizer_fingerprint(tokenizer) -> str:
+def tokenizer_fingerprint(tokenizer) -> str:
     h = hashlib.sha256()
     h.update(tokenizer.backend_tokenizer.to_str().encode() if hasattr(tokenizer, "backend_tokenizer")
              else repr(tokenizer.get_vocab()).encode())
@@ -245,7 +245,7 @@ def cache_key(data: DataSpec, source_fp: dict, tokenizer, seq_len: int) -> str:
     """`<data>-<packing>`: the data's content (a local file's path is not part of it: the same data in
     another folder, as each demo run writes it, shares its packed rows), then what packs it."""
     content = {k: v for k, v in source_fp.items() if not (k == "spec" and "files" in source_fp)}
-    fp = {"v": FORMAT_VERSION, "tokenizer": _tokenizer_fingerprint(tokenizer), "seq_len": seq_len,
+    fp = {"v": FORMAT_VERSION, "tokenizer": tokenizer_fingerprint(tokenizer), "seq_len": seq_len,
           "text_field": data.text_field, "train_on": data.train_on, "overlong": data.overlong}
     return f"{_digest(content, 12)}-{_digest(fp, 12)}"
 

@@ -14,12 +14,12 @@ from typing import Any, Sequence
 
 from trainer import resume
 from trainer.config import ConfigError, TrainConfig, add_arguments, flag, from_args, is_remote
-from trainer.data import DataError, DataSpec, check_records, load_records, prepare
+from trainer.data import DataError, DataSpec, check_records, load_records, prepare, tokenizer_fingerprint
 from trainer.data import summary as data_summary
 from trainer.errors import UserError, cli, first_line
 from trainer.formats import Renderer
 from trainer.model import ModelSourceError, check_architecture, check_weights, describe_source, read_model_config
-from trainer.storage import location_problem
+from trainer.storage import Storage, location_problem
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                     "tokenizer.model", "added_tokens.json", "chat_template.jinja", "chat_template.json", "config.json")
@@ -29,8 +29,6 @@ def read_chat_template(spec: str, storage_fs: Any = None) -> str:
     """The text of --chat-template (a local or s3:// Jinja file); ValueError naming what is wrong."""
     try:
         if spec.startswith("s3://"):
-            from trainer.storage import Storage
-
             parent, _, name = spec.rpartition("/")
             text = Storage.from_uri(parent, fs=storage_fs).read_text(name)
         else:
@@ -50,8 +48,6 @@ def preflight_tokenizer(cfg: TrainConfig, storage_fs: Any = None):
 
     spec = cfg.tokenizer or cfg.model
     if describe_source(spec) == "s3":
-        from trainer.storage import Storage
-
         store = Storage.from_uri(spec, fs=storage_fs)
         folder = Path(tempfile.mkdtemp(prefix="tokenizer-"))
         for name in _TOKENIZER_FILES:
@@ -147,11 +143,8 @@ def preflight(cfg: TrainConfig, storage_filesystem: Any = None, *, full_data: bo
         raise ConfigError(problems)
     info["tokenizer"] = tokenizer
     if model_ok and for_run:
-        from trainer.data import _tokenizer_fingerprint
-        from trainer.storage import Storage
-
         info["inputs"] = resume.inputs(cfg, data=(info.get("data") or {}).get("source_fingerprint"),
-                                       tokenizer=_tokenizer_fingerprint(tokenizer),
+                                       tokenizer=tokenizer_fingerprint(tokenizer),
                                        model=resume.model_identity(cfg.model, storage_fs=fs_for(cfg.model)),
                                        chat_template=template)
         changed = resume.check(cfg, info["inputs"], Storage.from_uri(cfg.run_uri, fs=fs_for(cfg.run_uri)))
