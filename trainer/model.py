@@ -100,9 +100,8 @@ def resolve_model_path(spec: str, cache_dir: str | Path, *, storage_fs: Any = No
             from huggingface_hub import snapshot_download
 
             try:
-                weights = hub_weight_files(_hub_listing(spec))
                 path = Path(snapshot_download(spec, cache_dir=str(Path(cache_dir) / "hub"),
-                                              allow_patterns=[*_HUB_FILES, *weights]))
+                                              allow_patterns=[*_HUB_FILES, *_hub_weight_patterns(spec)]))
             except Exception as e:  # noqa: BLE001 - any hub failure means the same thing to the user
                 raise ModelSourceError(
                     f"model {spec!r}: not a local folder, and fetching it from the Hugging Face hub failed "
@@ -121,14 +120,14 @@ def hub_weight_files(files: list[str]) -> list[str]:
     return safetensors or sorted(f for f in top if _BIN_WEIGHTS.match(f))
 
 
-def _hub_listing(spec: str) -> list[str]:
-    """The repo's files; offline (HF_HUB_OFFLINE), what the local hub cache holds of it."""
+def _hub_weight_patterns(spec: str) -> list[str]:
+    """The repo's weight files to download; offline (HF_HUB_OFFLINE), whichever of them the hub cache holds."""
     import huggingface_hub
     from huggingface_hub import constants
 
     if constants.HF_HUB_OFFLINE:
-        return ["*.safetensors", "pytorch_model.bin"]  # patterns: snapshot_download then reads the cache
-    return huggingface_hub.list_repo_files(spec)
+        return ["*.safetensors", "pytorch_model*.bin"]
+    return hub_weight_files(huggingface_hub.list_repo_files(spec))
 
 
 def weight_files(folder: str | Path) -> list[str]:
@@ -157,6 +156,8 @@ def check_weights(spec: str, *, storage_fs: Any = None, random_init: bool = Fals
         files = _check_s3_weights(spec, storage_fs) if not random_init else []
     else:
         files = _check_hub_weights(spec) if not random_init else []
+        if files is None:  # offline: the workers' download is the check
+            return []
     if not files and not random_init:
         raise no_weights(spec)
     return files
@@ -207,13 +208,13 @@ def _check_s3_weights(spec: str, storage_fs: Any) -> list[str]:
     return files
 
 
-def _check_hub_weights(spec: str) -> list[str]:
-    """The hub repo's weight files; safetensors headers read remotely (HTTP range requests)."""
+def _check_hub_weights(spec: str) -> list[str] | None:
+    """The hub repo's weight files; safetensors headers read remotely (HTTP range requests). None offline."""
     import huggingface_hub
     from huggingface_hub import constants
 
     if constants.HF_HUB_OFFLINE:
-        return ["(offline: not checked)"]
+        return None
     try:
         files = hub_weight_files(huggingface_hub.list_repo_files(spec))
         if files and files[0].endswith(".safetensors"):
