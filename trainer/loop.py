@@ -23,7 +23,7 @@ import torch.distributed as dist
 from trainer import checkpoint as ckpt
 from trainer import flops as flops_lib
 from trainer import record as run_record
-from trainer.config import TrainConfig, total_steps
+from trainer.config import ConfigError, TrainConfig, total_steps
 from trainer.data import DataSpec, PackedData, prepare
 from trainer.data import summary as data_summary
 from trainer.metrics import (EVENTS_FILE, METRICS_FILE, MLFLOW_DIR, TENSORBOARD_DIR, IntervalTracker, MetricsWriter,
@@ -90,9 +90,12 @@ def setup_parallel(cfg: TrainConfig, rank: int, world_size: int, local_rank: int
     # estimate counts 1 micro-batch per step: the fewest, i.e. the least full-sharding traffic (hybrid
     # is then taken only where it wins even so).
     micro_batches = 1 if cfg.micro_batch_auto else cfg.grad_accum_steps
-    plan = plan_sharding(cfg.sharding, world_size, hosts, shard_size=cfg.shard_size,
-                         instance_type=cfg.instance_type, micro_batches=micro_batches, params=params,
-                         param_bytes=2 if cfg.use_gpu else 4)
+    try:
+        plan = plan_sharding(cfg.sharding, world_size, hosts, shard_size=cfg.shard_size,
+                             instance_type=cfg.instance_type, micro_batches=micro_batches, params=params,
+                             param_bytes=2 if cfg.use_gpu else 4)
+    except ValueError as e:  # the workers' placement does not fit the sharding asked for: a user error
+        raise ConfigError([f"--sharding {cfg.sharding} / --shard-size {cfg.shard_size}: {e}"]) from None
     mesh = init_device_mesh(device.type, plan.mesh_shape, mesh_dim_names=plan.mesh_dim_names)
     if rank == 0:
         log.info("sharding: %s, mesh %s over %d node(s) (%s)", plan.kind,
