@@ -35,8 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"error: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
+    from trainer.errors import cli
+
     module, func, _ = COMMANDS[name]
-    return int(getattr(importlib.import_module(module), func)(rest) or 0)
+    return cli(getattr(importlib.import_module(module), func))(rest)
 
 
 if __name__ == "__main__":

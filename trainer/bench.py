@@ -107,7 +107,7 @@ def model_config(shape: str):
 
 
 def write_config(shape: str, folder: Path) -> Path:
-    """A config-only model folder: build_model gives it a random init, as for a real checkpoint."""
+    """A config-only model folder: build_model(random_init=True) gives it the config's initialisation."""
     model_config(shape).save_pretrained(str(folder))
     return folder
 
@@ -163,7 +163,8 @@ def run_trainer(steps_fn: Callable[[int], list[dict]], *, args, rows_per_step: i
     mesh = init_device_mesh(device.type, (1,), mesh_dim_names=("fsdp",))
     with tempfile.TemporaryDirectory() as folder:
         model = build_model(write_config(args.model_shape, Path(folder)), device=device, use_gpu=gpu, mesh=mesh,
-                            attn_implementation=attn or args.attn, kernels=args.kernels, compile=args.compile)
+                            attn_implementation=attn or args.attn, kernels=args.kernels, compile=args.compile,
+                            random_init=True)
     optimizer = build_optimizer(model, lr=1e-5, weight_decay=0.0, fused=gpu)
     loss = check_loss_path(model, resolve_loss(args.loss, device), device)  # the one giving the model's own loss
     if args.micro_batch_size == "auto":

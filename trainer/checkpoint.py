@@ -16,14 +16,25 @@ any rank fails the save on every rank with one CheckpointError (no rank hangs in
 collective waiting for another), and no marker is written.
 
 A marker is trusted only while the files it lists are still there at their recorded
-sizes, so a folder that lost files afterwards (a deletion cut short) is skipped too.
+sizes, so a folder that lost files afterwards (a deletion cut short) is skipped too. The
+marker (format 2) also records each file's sha256, computed from the bytes as they were
+written (DCP's streams, the RNG and train state), not read back; on resume the ranks
+verify them, a share of the files each, and a checkpoint whose content changed (a
+same-size corruption) is skipped with a log line for the previous complete one.
+
+After every save, checkpoint folders that Ray's own bookkeeping does not track (a save
+that never got reported, a crashed attempt's leftover) are pruned by the same rule Ray
+applies to the ones it tracks: the newest --num-to-keep complete checkpoints stay.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import logging
 import random
+import re
 import shutil
 import tempfile
 import time
@@ -40,6 +51,8 @@ from trainer.storage import Storage
 log = logging.getLogger(__name__)
 
 MARKER = "COMPLETE.json"
+MARKER_FORMAT = 2  # 2: sha256 per file; 1: sizes only
+RAY_SNAPSHOT = "checkpoint_manager_snapshot.json"  # Ray Train's record of the checkpoints it tracks
 TRAIN_STATE = "train_state.json"
 PREFIX = "checkpoint_"
 EXPORT_DIR = "model"
@@ -109,6 +122,65 @@ def _staging(storage: Storage, name: str) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+class _HashingStream(io.RawIOBase):
+    """A write stream that hashes what passes through it."""
+
+    def __init__(self, raw):
+        super().__init__()
+        self.raw, self.sha = raw, hashlib.sha256()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        self.sha.update(b)
+        return self.raw.write(b)
+
+    def tell(self) -> int:
+        return self.raw.tell()
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+    def fileno(self) -> int:
+        return self.raw.fileno()
+
+
+def _hashing_writer(folder: Path):
+    """DCP's FileSystemWriter whose streams record each file's sha256 while it is written."""
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    class HashingFileSystem(FileSystem):
+        def __init__(self):
+            super().__init__()
+            self.digests: dict[str, str] = {}
+
+        @contextmanager
+        def create_stream(self, path, mode):
+            with super().create_stream(path, mode) as raw:
+                if "w" not in mode:
+                    yield raw
+                    return
+                stream = _HashingStream(raw)
+                yield stream
+            self.digests[str(Path(path))] = stream.sha.hexdigest()
+
+        def rename(self, path, new_path) -> None:
+            super().rename(path, new_path)
+            if str(Path(path)) in self.digests:
+                self.digests[str(Path(new_path))] = self.digests.pop(str(Path(path)))
+
+    writer = FileSystemWriter(str(folder))
+    writer.fs = HashingFileSystem()
+    return writer
+
+
+def _write_hashed(data: bytes, path: Path, digests: dict[str, str]) -> None:
+    path.write_bytes(data)
+    digests[str(path)] = hashlib.sha256(data).hexdigest()
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint could not be written completely: it has no marker and is never resumed from."""
 
@@ -144,14 +216,21 @@ def _required_files(folder: Path, world: int) -> dict[str, int]:
     return required
 
 
-def _missing(present: dict[str, int], required: dict[str, int]) -> list[str]:
-    return sorted(f"{path} ({'absent' if path not in present else f'{present[path]} of {size} bytes'})"
-                  for path, size in required.items() if present.get(path, -1) < size)
+def _size(recorded) -> int:
+    return recorded["size"] if isinstance(recorded, dict) else int(recorded)
+
+
+def _missing(present: dict[str, int], required: dict) -> list[str]:
+    """Files absent or shorter than required (`required`: path -> size, or a format-2 marker entry)."""
+    return sorted(f"{path} ({'absent' if path not in present else f'{present[path]} of {_size(want)} bytes'})"
+                  for path, want in required.items() if present.get(path, -1) < _size(want))
 
 
 def save(storage: Storage, step: int, model, optimizer, scheduler, data_position: dict,
-         extra: dict | None = None) -> str:
+         extra: dict | None = None, keep: int | None = None) -> str:
     """Collective: every rank writes its shard; returns the checkpoint's path in storage.
+
+    With `keep`, rank 0 then prunes the folders Ray does not track to the newest `keep` (prune).
 
     Raises CheckpointError on every rank when any rank failed to write or the files are not
     all in storage; the folder then has no marker and the previous checkpoint stays the latest.
@@ -165,38 +244,86 @@ def save(storage: Storage, step: int, model, optimizer, scheduler, data_position
     _barrier()
     t0 = time.perf_counter()
     required: dict[str, int] = {}
+    digests: dict[str, str] = {}
     error = None
     try:
         with _staging(storage, name) as folder:
-            dcp.save(_sharded_state(model, optimizer), checkpoint_id=str(folder))
+            writer = _hashing_writer(folder)
+            dcp.save(_sharded_state(model, optimizer), storage_writer=writer)
+            digests.update(writer.fs.digests)
             (folder / "rng").mkdir(exist_ok=True)
-            torch.save(rng_state(), folder / "rng" / f"rank_{rank}.pt")
+            buffer = io.BytesIO()
+            torch.save(rng_state(), buffer)
+            _write_hashed(buffer.getvalue(), folder / "rng" / f"rank_{rank}.pt", digests)
             if rank == 0:
                 state = {"step": step, "data_position": data_position, "world_size": world,
                          "scheduler": scheduler.state_dict() if scheduler is not None else None, **(extra or {})}
-                (folder / TRAIN_STATE).write_text(json.dumps(state, indent=1))
+                _write_hashed(json.dumps(state, indent=1).encode(), folder / TRAIN_STATE, digests)
                 required = _required_files(folder, world)
+            digests = {Path(p).relative_to(folder).as_posix(): h for p, h in digests.items()}
     except Exception as e:  # noqa: BLE001 - reported to every rank below, then raised
         error = f"{type(e).__name__}: {e}"
-    failures = [(r, err) for r, err in enumerate(_gather(error)) if err]
+    outcomes = _gather((error, digests))
+    failures = [(r, err) for r, (err, _) in enumerate(outcomes) if err]
     verdict = "; ".join(f"rank {r}: {err}" for r, err in failures) or None
     if verdict is None and rank == 0:
         try:
             present = storage.file_sizes(name)
             missing = _missing(present, required)
+            hashed = {path: h for _, ranks_digests in outcomes for path, h in ranks_digests.items()}
             if missing:
                 verdict = f"not in storage after the upload: {', '.join(missing)}"
             else:
-                storage.write_text(json.dumps({"step": step, "world_size": world, "time": time.time(),
-                                               "save_s": round(time.perf_counter() - t0, 3),
-                                               "files": present}), name, MARKER)
+                files = {path: {"size": size, "sha256": hashed.get(path)} for path, size in present.items()}
+                storage.write_text(json.dumps({"format": MARKER_FORMAT, "step": step, "world_size": world,
+                                               "time": time.time(), "save_s": round(time.perf_counter() - t0, 3),
+                                               "files": files}), name, MARKER)
         except Exception as e:  # noqa: BLE001 - reported to every rank below, then raised
             verdict = f"rank 0 writing {MARKER}: {type(e).__name__}: {e}"
     verdict = _from_rank0(verdict)
     if verdict:
         raise CheckpointError(f"checkpoint {storage.path(name)} was not saved (no {MARKER}; the previous "
                               f"complete checkpoint stays the latest): {verdict}")
+    if keep and rank == 0:
+        try:
+            prune(storage, keep, name)
+        except Exception as e:  # noqa: BLE001 - the checkpoint is saved; leftovers only cost storage
+            log.warning("pruning old checkpoints failed (%s: %s); they stay in storage", type(e).__name__, e)
     return storage.path(name)
+
+
+def _ray_tracked(storage: Storage) -> set[str] | None:
+    """Checkpoint folders Ray Train's own bookkeeping names (it deletes those itself), None if unknown."""
+    if not storage.exists(RAY_SNAPSHOT):
+        return set()
+    try:
+        return set(re.findall(rf"{PREFIX}\d{{8}}", storage.read_text(RAY_SNAPSHOT)))
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def prune(storage: Storage, keep: int, newest: str) -> list[str]:
+    """Delete checkpoint folders outside Ray's bookkeeping by Ray's keep-N rule; returns what was deleted.
+
+    Kept: the newest `keep` complete checkpoints and anything Ray tracks (Ray deletes those, and
+    fails on a path that is gone). Deleted: older complete ones and incomplete ones older than
+    `newest`, the checkpoint just saved.
+    """
+    tracked = _ray_tracked(storage)
+    if tracked is None:
+        return []
+    names = sorted((step_of(n), n) for n in storage.list_dirs() if step_of(n) is not None)
+    complete = [n for _, n in names if is_complete(storage, n)]
+    keep_names = set(complete[-keep:]) | tracked | {newest}
+    deleted = []
+    for step, n in names:
+        if n not in keep_names and step < step_of(newest):
+            storage.delete_dir(n)
+            deleted.append(n)
+    if deleted:
+        log.info("pruned checkpoints outside Ray's bookkeeping (keeping the newest %d complete): %s", keep,
+                 ", ".join(deleted))
+    return deleted
 
 
 def is_complete(storage: Storage, name: str) -> bool:
@@ -218,6 +345,58 @@ def is_complete(storage: Storage, name: str) -> bool:
                         storage.path(name), MARKER, ", ".join(missing))
             return False
     return True
+
+
+def _sha256(storage: Storage, *parts: str) -> str:
+    h = hashlib.sha256()
+    with storage.fs.open_input_stream(storage.path(*parts)) as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def content_problems(storage: Storage, name: str, rank: int = 0, world: int = 1) -> list[str]:
+    """Files of this rank's share (every world-th) whose sha256 differs from the marker's."""
+    try:
+        files = json.loads(storage.read_text(name, MARKER)).get("files") or {}
+    except (OSError, ValueError, AttributeError) as e:
+        return [f"{MARKER}: unreadable ({e})"]
+    problems = []
+    hashed = sorted((p, f["sha256"]) for p, f in files.items() if isinstance(f, dict) and f.get("sha256"))
+    for path, want in hashed[rank::world]:
+        try:
+            got = _sha256(storage, name, path)
+        except OSError as e:
+            problems.append(f"{path}: unreadable ({e})")
+            continue
+        if got != want:
+            problems.append(f"{path}: sha256 {got[:12]}..., written as {want[:12]}...")
+    return problems
+
+
+def resume_point(storage: Storage, preferred: str | None = None) -> str | None:
+    """Collective: the newest complete checkpoint whose content is what was written.
+
+    Every rank hashes its share of each candidate's files; a checkpoint with any mismatch
+    is skipped with a log line, and the previous complete one is tried.
+    """
+    rank, world = _rank(), _world()
+    candidates = sorted((step_of(n), n) for n in storage.list_dirs() if step_of(n) is not None)
+    for _, name in reversed(candidates):
+        if not is_complete(storage, name):
+            if rank == 0:
+                log.warning("skipping incomplete checkpoint %s (no valid %s)", storage.path(name), MARKER)
+            continue
+        problems = [p for share in _gather(content_problems(storage, name, rank, world)) for p in share]
+        if problems:
+            if rank == 0:
+                log.warning("checkpoint %s: content differs from what was written (%s); resuming from the "
+                            "previous complete checkpoint instead", storage.path(name), "; ".join(problems[:3]))
+            continue
+        if rank == 0 and preferred and preferred.rstrip("/").rsplit("/", 1)[-1] != name:
+            log.info("resuming from %s rather than Ray's latest reported checkpoint %s", name, preferred)
+        return name
+    return None
 
 
 def latest_complete(storage: Storage, preferred: str | None = None) -> str | None:

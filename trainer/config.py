@@ -18,23 +18,29 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from trainer.errors import UserError
+
 SCHEDULES = ("cosine", "linear", "constant")
 DEVICES = ("cpu", "gpu")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
 SHARDINGS = ("auto", "full", "hybrid")
 TRAIN_ON = ("completion", "all")
 REPORT_TO = ("tensorboard", "wandb", "mlflow")
+OVERLONG = ("truncate", "drop")
 AUTO = "auto"
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """Every problem with a training configuration, one per line."""
 
     def __init__(self, problems: Sequence[str]):
         self.problems = list(problems)
         lines = "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(f"invalid training configuration ({len(self.problems)} problem(s)):\n{lines}")
+
+    def __reduce__(self):  # a worker's error travels to the driver pickled
+        return (type(self), (self.problems,))
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,7 @@ class TrainConfig:
     train_on: str = "completion"
     chat_template: str | None = None
     seq_len: int = 2048
+    overlong: str = "truncate"
     global_batch_size: int = 64
     micro_batch_size: int | str = AUTO
     steps: int | None = None
@@ -79,6 +86,8 @@ class TrainConfig:
     sharding: str = "auto"
     shard_size: int = 0
     instance_type: str | None = None
+    random_init: bool = False
+    resume_anyway: bool = False
 
     @property
     def reporters(self) -> tuple[str, ...]:
@@ -115,12 +124,28 @@ class TrainConfig:
 
     @property
     def resolved_run_name(self) -> str:
-        """The run's name: the Ray run name and the storage sub-folder (resubmitting resumes)."""
+        """The run's name: the Ray run name and the storage sub-folder (resubmitting resumes).
+
+        The default ends in a digest of every setting that changes the result, so runs of a sweep
+        (another --lr, batch or seed) never share a folder, and the same command resumes its own.
+        """
         if self.run_name:
             return self.run_name
-        parts = [_slug(self.model), _slug(self.dataset), f"seq{self.seq_len}",
-                 f"gb{self.global_batch_size}", f"seed{self.seed}"]
-        return "-".join(p for p in parts if p)[:128]
+        parts = [_slug(self.model)[:36], _slug(self.dataset)[:36], f"seq{self.seq_len}", f"gb{self.global_batch_size}",
+                 f"seed{self.seed}"]
+        return "-".join([*(p for p in parts if p), self.result_digest])[:128]
+
+    @property
+    def result_settings(self) -> dict[str, Any]:
+        """The settings that change what the run computes (a resume must keep them): all but RUN_SETTINGS."""
+        return {k: v for k, v in self.to_dict().items() if k not in RUN_SETTINGS}
+
+    @property
+    def result_digest(self) -> str:
+        import hashlib
+        import json
+
+        return hashlib.sha256(json.dumps(self.result_settings, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
     @property
     def resolved_cache_dir(self) -> str:
@@ -140,6 +165,14 @@ class TrainConfig:
         if "micro_batch_size" in values:
             values["micro_batch_size"] = micro_batch_value(values["micro_batch_size"])
         return cls(**values)
+
+
+# Settings that change how a run is executed, watched or stored, not what it computes: a resume may change them.
+RUN_SETTINGS = frozenset({
+    "log_every", "progress", "report_to", "max_failures", "num_to_keep", "checkpoint_every", "storage_path",
+    "run_name", "cache_dir", "peak_tflops", "export", "fail_at_step", "num_workers", "micro_batch_size",
+    "activation_checkpointing", "attn_implementation", "sharding", "shard_size", "instance_type", "resume_anyway",
+})
 
 
 def micro_batch_value(value: Any) -> Any:
@@ -180,6 +213,7 @@ _FLAG_HELP: dict[str, str] = {
                 "or all",
     "chat_template": "Jinja chat template file (local or s3://) to use instead of the tokenizer's",
     "seq_len": "packed sequence length in tokens",
+    "overlong": "records longer than --seq-len: truncate (keep their start) or drop; both are counted and reported",
     "global_batch_size": "sequences per optimizer step, the same for any number of workers",
     "micro_batch_size": "sequences per forward/backward pass on one worker: a positive integer, or auto for "
                         "the largest divisor of the worker's share that fits in memory (measured on GPU, "
@@ -215,6 +249,10 @@ _FLAG_HELP: dict[str, str] = {
                 "or auto (hybrid when the communication estimate for --instance-type favours it)",
     "shard_size": "workers per shard group for hybrid sharding (0: the workers of one node)",
     "instance_type": "GPU instance type of the workers, for the communication estimate (e.g. g6.12xlarge)",
+    "random_init": "train from the config's random initialisation instead of the model's weights (a model "
+                   "without weight files is an error otherwise)",
+    "resume_anyway": "continue a run whose folder holds a run started with other settings, data or model "
+                     "(refused otherwise, listing what differs)",
 }
 
 # Names users bring from elsewhere that are neither ours nor TRL's/transformers', for "did you mean" hints.
@@ -231,6 +269,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "attn_implementation": ATTN_IMPLEMENTATIONS,
     "sharding": SHARDINGS,
     "train_on": TRAIN_ON,
+    "overlong": OVERLONG,
 }
 
 

@@ -43,10 +43,12 @@ class DataSpec:
     config: str | None = None
     text_field: str = "text"
     train_on: str = "completion"
+    overlong: str = "truncate"
 
     @classmethod
     def from_config(cls, cfg) -> "DataSpec":
-        return cls(cfg.dataset, cfg.dataset_split, cfg.dataset_config, cfg.dataset_text_field, cfg.train_on)
+        return cls(cfg.dataset, cfg.dataset_split, cfg.dataset_config, cfg.dataset_text_field, cfg.train_on,
+                   cfg.overlong)
 
 
 # ---------------------------------------------------------------- records
@@ -90,6 +92,8 @@ def tokenize(records: Iterable[dict], renderer: Renderer, spec: str,
 DROP_EMPTY = "nothing to train on (no assistant or completion tokens)"
 DROP_TRUNCATED = "truncated to --seq-len before its first trained token"
 DROP_SHORT = "shorter than 2 tokens"
+DROP_TOO_LONG = "longer than --seq-len (--overlong drop)"
+OVERLONG = ("truncate", "drop")
 
 
 @dataclass
@@ -104,6 +108,9 @@ class PackStats:
     tokens: int = 0          # before truncation, kept or not
     trained_tokens: int = 0  # before truncation and shifting, kept or not
     drop_reasons: dict[str, int] = field(default_factory=dict)
+    too_long: int = 0        # records longer than seq_len (truncated, or dropped)
+    longest_tokens: int = 0
+    longest_record: int = -1
 
     @property
     def fill(self) -> float:
@@ -111,11 +118,14 @@ class PackStats:
         return self.real_tokens / (self.rows * self.seq_len) if self.rows and self.seq_len else 0.0
 
 
-def _document(ids: Sequence[int], mask: Sequence[bool], seq_len: int) -> tuple[np.ndarray, np.ndarray, bool] | str:
+def _document(ids: Sequence[int], mask: Sequence[bool], seq_len: int,
+              overlong: str = "truncate") -> tuple[np.ndarray, np.ndarray, bool] | str:
     """Token ids and pre-shifted labels of one document, truncated to seq_len; or why it is dropped."""
     ids = np.asarray(ids, np.int32)
     mask = np.asarray(mask, bool)
     truncated = len(ids) > seq_len
+    if truncated and overlong == "drop":
+        return DROP_TOO_LONG
     if truncated:
         ids, mask = ids[:seq_len], mask[:seq_len]
     labels = np.full(len(ids), IGNORE_INDEX, np.int32)
@@ -160,19 +170,25 @@ def best_fit_rows(lengths: Sequence[int], seq_len: int) -> list[list[int]]:
     return sorted(rows, key=lambda r: r[0])
 
 
-def pack(docs: Iterable[tuple[Sequence[int], Sequence[bool]]], seq_len: int, pad_id: int) -> tuple[dict[str, np.ndarray], PackStats]:
+def pack(docs: Iterable[tuple[Sequence[int], Sequence[bool]]], seq_len: int, pad_id: int,
+         overlong: str = "truncate") -> tuple[dict[str, np.ndarray], PackStats]:
     """Documents packed into rows of seq_len (best fit); labels shifted and masked to trained tokens.
 
     Each document keeps its own position ids (0, 1, ...), which is what keeps attention
     inside it; the tail of a row is padding (position ids continue 0.., labels -100).
+    Documents longer than seq_len are truncated, or dropped with `overlong="drop"`; both are counted.
     """
     kept: list[tuple[np.ndarray, np.ndarray]] = []
-    truncated = tokens = trained = 0
+    truncated = tokens = trained = too_long = 0
+    longest, longest_at = 0, -1
     reasons: Counter = Counter()
-    for ids, mask in docs:
+    for i, (ids, mask) in enumerate(docs):
         tokens += len(ids)
         trained += int(sum(mask))
-        doc = _document(ids, mask, seq_len)
+        too_long += len(ids) > seq_len
+        if len(ids) > longest:
+            longest, longest_at = len(ids), i
+        doc = _document(ids, mask, seq_len, overlong)
         if isinstance(doc, str):
             reasons[doc] += 1
             continue
@@ -195,13 +211,14 @@ def pack(docs: Iterable[tuple[Sequence[int], Sequence[bool]]], seq_len: int, pad
     stats = PackStats(documents=len(kept), rows=len(layout), truncated=truncated, dropped=sum(reasons.values()),
                       real_tokens=int(arrays["real_tokens"].sum()),
                       loss_tokens=int((arrays["labels"] != IGNORE_INDEX).sum()), seq_len=seq_len, tokens=tokens,
-                      trained_tokens=trained, drop_reasons=dict(reasons))
+                      trained_tokens=trained, drop_reasons=dict(reasons), too_long=too_long,
+                      longest_tokens=longest, longest_record=longest_at)
     return arrays, stats
 
 
 # ---------------------------------------------------------------- cache and sharding
 
-def _tokenizer_fingerprint(tokenizer) -> str:
+def tokenizer_fingerprint(tokenizer) -> str:
     h = hashlib.sha256()
     h.update(tokenizer.backend_tokenizer.to_str().encode() if hasattr(tokenizer, "backend_tokenizer")
              else repr(tokenizer.get_vocab()).encode())
@@ -214,16 +231,38 @@ def _open(data: DataSpec, storage_fs: Any, cache_dir: str | Path):
     source = sources.resolve(data.dataset, config=data.config, split=data.split, storage_fs=storage_fs,
                              cache_dir=cache_dir)
     ds = sources.open_dataset(source, cache_dir=cache_dir)
-    fp = sources.fingerprint(source)
+    fp = sources.fingerprint(source, cache_dir)
     if source.kind == "hub":
         fp["datasets_fingerprint"] = getattr(ds, "_fingerprint", None)
     return source, ds, fp
 
 
+def _digest(value: Any, n: int) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:n]
+
+
 def cache_key(data: DataSpec, source_fp: dict, tokenizer, seq_len: int) -> str:
-    fp = {"v": FORMAT_VERSION, "source": source_fp, "tokenizer": _tokenizer_fingerprint(tokenizer),
-          "seq_len": seq_len, "text_field": data.text_field, "train_on": data.train_on}
-    return hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:20]
+    """`<data>-<packing>`: the data's content (a local file's path is not part of it: the same data in
+    another folder, as each demo run writes it, shares its packed rows), then what packs it."""
+    content = {k: v for k, v in source_fp.items() if not (k == "spec" and "files" in source_fp)}
+    fp = {"v": FORMAT_VERSION, "tokenizer": tokenizer_fingerprint(tokenizer), "seq_len": seq_len,
+          "text_field": data.text_field, "train_on": data.train_on, "overlong": data.overlong}
+    return f"{_digest(content, 12)}-{_digest(fp, 12)}"
+
+
+def _prune_stale(folder: Path, spec_key: str) -> None:
+    """Packed rows of this same dataset location whose data has changed since: never read again."""
+    data_key = folder.name.split("-", 1)[0]
+    for other in folder.parent.glob("*"):
+        meta = other / "meta.json"
+        if other == folder or not meta.is_file() or other.name.split("-", 1)[0] == data_key:
+            continue
+        try:
+            same_spec = json.loads(meta.read_text()).get("spec_key") == spec_key
+        except (OSError, ValueError):
+            continue
+        if same_spec:
+            shutil.rmtree(other, ignore_errors=True)
 
 
 def pack_dataset(ds, data: DataSpec, tokenizer, seq_len: int) -> tuple[dict[str, np.ndarray], PackStats]:
@@ -232,12 +271,35 @@ def pack_dataset(ds, data: DataSpec, tokenizer, seq_len: int) -> tuple[dict[str,
         raise DataError(f"dataset {data.dataset!r}: is empty (split {data.split!r}); it needs at least one record")
     renderer = Renderer(tokenizer, data.train_on)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    arrays, stats = pack(tokenize(ds, renderer, data.dataset, data.text_field), seq_len, pad_id)
+    arrays, stats = pack(tokenize(ds, renderer, data.dataset, data.text_field), seq_len, pad_id, data.overlong)
     if stats.rows == 0:
         why = "; ".join(f"{n} {reason}" for reason, n in stats.drop_reasons.items())
+        too_long = stats.drop_reasons.get(DROP_TRUNCATED, 0) + stats.drop_reasons.get(DROP_TOO_LONG, 0)
+        if too_long and too_long == stats.dropped:
+            raise DataError(f"dataset {data.dataset!r}: every record is dropped for --seq-len {seq_len} (records: "
+                            f"{len(ds)}; {why}); the longest is record {stats.longest_record} with "
+                            f"{stats.longest_tokens} tokens: raise --seq-len (to {stats.longest_tokens} to keep it "
+                            f"whole){'' if data.overlong == 'truncate' else ', or --overlong truncate'}")
         raise DataError(f"dataset {data.dataset!r}: no record has a trained token left after tokenization "
                         f"(records: {len(ds)}; dropped: {why})")
     return arrays, stats
+
+
+def summary(stats: dict, overlong: str = "truncate") -> list[str]:
+    """What packing left out or cut, and the options, for the job log, events.jsonl and `trainer data`."""
+    lines = []
+    seq_len = stats["seq_len"]
+    if stats.get("too_long"):
+        done = "truncated" if overlong == "truncate" else "dropped"
+        other = "--overlong drop to leave them out" if overlong == "truncate" else "--overlong truncate to keep " \
+            "their start"
+        lines.append(f"{stats['too_long']:,} of {stats['records']:,} records are longer than --seq-len {seq_len} "
+                     f"and were {done} (the longest: record {stats['longest_record']}, {stats['longest_tokens']:,} "
+                     f"tokens); {other}, or raise --seq-len (to {stats['longest_tokens']} to keep every record whole)")
+    for reason, n in (stats.get("drop_reasons") or {}).items():
+        if reason != DROP_TOO_LONG:
+            lines.append(f"{n:,} of {stats['records']:,} records dropped: {reason}")
+    return lines
 
 
 def build_packed(data: DataSpec, ds, source_fp: dict, tokenizer, seq_len: int, folder: Path) -> dict:
@@ -248,8 +310,8 @@ def build_packed(data: DataSpec, ds, source_fp: dict, tokenizer, seq_len: int, f
     for name, arr in arrays.items():
         np.save(tmp / f"{name}.npy", arr)
     meta = {"source": data.dataset, "split": data.split, "config": data.config, "train_on": data.train_on,
-            "seq_len": seq_len, "records": len(ds), "fill": round(stats.fill, 4), **stats.__dict__,
-            "source_fingerprint": source_fp}
+            "overlong": data.overlong, "seq_len": seq_len, "records": len(ds), "fill": round(stats.fill, 4),
+            **stats.__dict__, "source_fingerprint": source_fp, "spec_key": spec_key(data)}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
@@ -325,10 +387,18 @@ def prepare(data: DataSpec | str, split: str | None = None, tokenizer=None, seq_
         data = DataSpec(data, split or "train")
     locks = Path(cache_dir) / "locks"
     locks.mkdir(parents=True, exist_ok=True)
-    spec_key = hashlib.sha256(json.dumps(data.__dict__, sort_keys=True).encode()).hexdigest()[:16]
-    with FileLock(str(locks / f"data-{spec_key}.lock")):  # one reader per node fetches and tokenizes
-        _, ds, fp = _open(data, storage_fs, cache_dir)
+    key = spec_key(data)
+    with FileLock(str(locks / f"data-{key}.lock")):  # one reader per node fetches and tokenizes
+        source, ds, fp = _open(data, storage_fs, cache_dir)
         folder = Path(cache_dir) / "data" / cache_key(data, fp, tokenizer, seq_len)
         if not (folder / "meta.json").is_file():
-            build_packed(data, ds, fp, tokenizer, seq_len, folder)
+            try:
+                build_packed(data, ds, fp, tokenizer, seq_len, folder)
+            except UnicodeDecodeError as e:  # pyarrow reads JSON bytes as they are; decoding happens here
+                raise sources.undecodable(source, e) from None
+            _prune_stale(folder, key)
     return PackedData(folder)
+
+
+def spec_key(data: DataSpec) -> str:
+    return _digest(data.__dict__, 16)

@@ -9,10 +9,10 @@ rendered records with the trained tokens marked.
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Sequence
 
 from trainer.config import ConfigError, add_arguments, from_args
+from trainer.errors import cli
 
 OPEN, CLOSE = "⟦", "⟧"
 
@@ -33,26 +33,29 @@ def marked(tokenizer, ids: Sequence[int], mask: Sequence[bool]) -> str:
     return "".join(out)
 
 
-def report(cfg, tokenizer, show: int = 0, storage_fs=None) -> dict:
-    """Counts of the whole dataset as the job packs it, and the first `show` records rendered."""
+def report(cfg, tokenizer, show: int = 0, storage_fs=None, meta: dict | None = None) -> dict:
+    """Counts of the whole dataset as the job packs it (`meta`: the packed data's, when the pre-flight
+    packed it already), and the first `show` records rendered."""
     from trainer import sources
-    from trainer.data import DataSpec, examples, pack_dataset
+    from trainer.data import DataSpec, examples, pack_dataset, summary
     from trainer.formats import Renderer
 
     spec = DataSpec.from_config(cfg)
     source = sources.resolve(spec.dataset, config=spec.config, split=spec.split, storage_fs=storage_fs,
                              cache_dir=cfg.resolved_cache_dir)
     ds = sources.open_dataset(source, cache_dir=cfg.resolved_cache_dir)
-    _, stats = pack_dataset(ds, spec, tokenizer, cfg.seq_len)
+    if meta is None:
+        _, stats = pack_dataset(ds, spec, tokenizer, cfg.seq_len)
+        meta = {**stats.__dict__, "fill": stats.fill, "records": len(ds)}
     renderer = Renderer(tokenizer, cfg.train_on)
     shown = [marked(tokenizer, *renderer.encode(ex))
              for ex in examples(ds.select(range(min(show, len(ds)))), spec.dataset, spec.text_field)]
-    return {"records": len(ds), "tokens": stats.tokens, "trained_tokens": stats.trained_tokens,
-            "documents": stats.documents, "dropped": stats.dropped, "drop_reasons": stats.drop_reasons,
-            "truncated": stats.truncated, "rows": stats.rows, "fill": stats.fill, "seq_len": cfg.seq_len,
-            "packed_tokens": stats.real_tokens, "packed_trained_tokens": stats.loss_tokens,
-            "steps_per_epoch": stats.rows // cfg.global_batch_size, "global_batch_size": cfg.global_batch_size,
-            "examples": shown}
+    return {"records": len(ds), "tokens": meta["tokens"], "trained_tokens": meta["trained_tokens"],
+            "documents": meta["documents"], "dropped": meta["dropped"], "drop_reasons": meta["drop_reasons"],
+            "truncated": meta["truncated"], "rows": meta["rows"], "fill": meta["fill"], "seq_len": cfg.seq_len,
+            "packed_tokens": meta["real_tokens"], "packed_trained_tokens": meta["loss_tokens"],
+            "steps_per_epoch": meta["rows"] // cfg.global_batch_size, "global_batch_size": cfg.global_batch_size,
+            "notes": summary({**meta, "records": len(ds), "seq_len": cfg.seq_len}, cfg.overlong), "examples": shown}
 
 
 def render_report(r: dict) -> str:
@@ -69,11 +72,13 @@ def render_report(r: dict) -> str:
     ]
     if r["steps_per_epoch"] < 1:
         lines.append("                   fewer rows than one global batch: lower --global-batch-size or add data")
+    lines += [f"note             {note}" for note in r.get("notes", [])]
     for i, text in enumerate(r["examples"]):
         lines += ["", f"--- record {i} (trained tokens between {OPEN} and {CLOSE}) ---", text]
     return "\n".join(lines)
 
 
+@cli
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m trainer data",
@@ -87,17 +92,13 @@ def main(argv: Sequence[str]) -> int:
     from trainer.data import DataError
     from trainer.launch import preflight
 
+    if show < 0:
+        raise ConfigError([f"--show {show}: must be 0 or more"])
+    cfg = from_args(args)
+    info = preflight(cfg, for_run=False)  # `trainer data` writes no run
     try:
-        if show < 0:
-            raise ConfigError([f"--show {show}: must be 0 or more"])
-        cfg = from_args(args)
-        tokenizer = preflight(cfg)["tokenizer"]
-        result = report(cfg, tokenizer, show)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        result = report(cfg, info["tokenizer"], show, meta=info.get("data"))
     except DataError as e:
-        print(f"error: --dataset: {e}", file=sys.stderr)
-        return 2
+        raise ConfigError([f"--dataset: {e}"]) from None
     print(render_report(result))
     return 0

@@ -30,6 +30,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainer.errors import UserError
+
 ROLES = ("system", "user", "assistant", "tool")
 TRAIN_ON = ("completion", "all")
 _SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "bot": "assistant", "model": "assistant",
@@ -39,7 +41,7 @@ FORMATS = ("messages (+ tools)", "prompt + completion", "text", "conversations",
            "prompt + response", "instruction (+ input) + output")
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """The dataset cannot be used: missing, empty, malformed or without the needed fields."""
 
 

@@ -13,10 +13,14 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from facts import ray as ray_facts
+from trainer import resume
 from trainer.config import ConfigError, TrainConfig, add_arguments, flag, from_args, is_remote
-from trainer.data import DataError, check_records, load_records
+from trainer.data import DataError, DataSpec, check_records, load_records, prepare, tokenizer_fingerprint
+from trainer.data import summary as data_summary
+from trainer.errors import UserError, cli, first_line
 from trainer.formats import Renderer
-from trainer.model import ModelSourceError, check_architecture, describe_source, read_model_config
+from trainer.model import ModelSourceError, check_architecture, check_weights, describe_source, read_model_config
+from trainer.storage import Storage, location_problem
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
                     "tokenizer.model", "added_tokens.json", "chat_template.jinja", "chat_template.json", "config.json")
@@ -26,8 +30,6 @@ def read_chat_template(spec: str, storage_fs: Any = None) -> str:
     """The text of --chat-template (a local or s3:// Jinja file); ValueError naming what is wrong."""
     try:
         if spec.startswith("s3://"):
-            from trainer.storage import Storage
-
             parent, _, name = spec.rpartition("/")
             text = Storage.from_uri(parent, fs=storage_fs).read_text(name)
         else:
@@ -47,8 +49,6 @@ def preflight_tokenizer(cfg: TrainConfig, storage_fs: Any = None):
 
     spec = cfg.tokenizer or cfg.model
     if describe_source(spec) == "s3":
-        from trainer.storage import Storage
-
         store = Storage.from_uri(spec, fs=storage_fs)
         folder = Path(tempfile.mkdtemp(prefix="tokenizer-"))
         for name in _TOKENIZER_FILES:
@@ -68,15 +68,23 @@ def preflight_tokenizer(cfg: TrainConfig, storage_fs: Any = None):
     return tok
 
 
-def preflight(cfg: TrainConfig, storage_filesystem: Any = None) -> dict:
-    """I/O checks of model, tokenizer, chat template and data; raises ConfigError listing every problem.
+def preflight(cfg: TrainConfig, storage_filesystem: Any = None, *, full_data: bool = True,
+              for_run: bool = True) -> dict:
+    """Every check that needs no Ray cluster; raises ConfigError listing every problem.
 
-    The first records are rendered with the workers' tokenizer and template, so a record the
-    template cannot render, or a tokenizer without a chat template, fails here, before Ray starts.
+    The model's config, architecture and every weight file's header; the tokenizer and chat
+    template; the run folder's location (writable, or a bucket that answers); the dataset:
+    with `full_data`, read, rendered and packed exactly as the workers will (into the same
+    cache, so on this machine they reuse it), which also proves one global batch of trained
+    tokens exists at this --seq-len; otherwise (`trainer submit`, the job repeats the check
+    at its start) the first 100 records rendered. With `for_run` (not `trainer data`): one
+    global batch must exist, the run folder must be writable, and a run folder that
+    holds a run resumes only with the inputs it was started with (trainer.resume).
     """
     problems: list[str] = []
-    info: dict = {}
+    info: dict = {"notes": []}
     fs_for = lambda uri: storage_filesystem if uri.startswith("s3://") else None  # noqa: E731
+    model_ok = False
     try:
         mcfg = read_model_config(cfg.model, storage_fs=fs_for(cfg.model))
         info["model_type"] = getattr(mcfg, "model_type", "?")
@@ -85,6 +93,8 @@ def preflight(cfg: TrainConfig, storage_filesystem: Any = None) -> dict:
             problems.append(f"{flag('seq_len')} = {cfg.seq_len} exceeds the model's maximum sequence length "
                             f"(max_position_embeddings = {limit}); use --seq-len {limit} or less")
         info["decoder_layers"] = len(check_architecture(mcfg).layers)  # on the meta device: shardable?
+        info["weights"] = check_weights(cfg.model, storage_fs=fs_for(cfg.model), random_init=cfg.random_init)
+        model_ok = True
     except ModelSourceError as e:
         problems.append(f"{flag('model')}: {e}")
     if cfg.tokenizer:
@@ -97,12 +107,15 @@ def preflight(cfg: TrainConfig, storage_filesystem: Any = None) -> dict:
     for name in missing_backends(cfg.reporters):
         problems.append(f"{flag('report_to')} {name}: the {name} package is not installed where the job runs; "
                         f"install it (pip install {name}; with `trainer submit`, --pip {name}), or drop it")
-    tokenizer = None
+    tokenizer = template = None
     if cfg.chat_template:
         try:
-            read_chat_template(cfg.chat_template, fs_for(cfg.chat_template))
+            template = read_chat_template(cfg.chat_template, fs_for(cfg.chat_template))
         except ValueError as e:
             problems.append(f"{flag('chat_template')} {e}")
+    where = location_problem(cfg.run_uri, fs_for(cfg.run_uri)) if for_run else None
+    if where:
+        problems.append(f"{flag('out')} {cfg.run_uri} (--storage-path/--run-name): {where}")
     if not problems:
         try:
             tokenizer = preflight_tokenizer(cfg, storage_filesystem)
@@ -111,22 +124,42 @@ def preflight(cfg: TrainConfig, storage_filesystem: Any = None) -> dict:
             problems.append(f"{flag(which)}: cannot load its tokenizer ({type(e).__name__}: "
                             f"{str(e).splitlines()[0] if str(e) else ''})")
     try:
-        records = load_records(cfg.dataset, cfg.dataset_split, config=cfg.dataset_config,
-                               storage_fs=fs_for(cfg.dataset), limit=100, cache_dir=cfg.resolved_cache_dir)
-        renderer = Renderer(tokenizer, cfg.train_on) if tokenizer is not None else None
-        check_records(records, cfg.dataset, renderer=renderer, text_field=cfg.dataset_text_field)
-        info["sampled_records"] = len(records)
+        if full_data and tokenizer is not None:
+            packed = prepare(DataSpec.from_config(cfg), tokenizer=tokenizer, seq_len=cfg.seq_len,
+                             cache_dir=cfg.resolved_cache_dir, storage_fs=fs_for(cfg.dataset))
+            if for_run:
+                packed.step_rows(0, cfg.global_batch_size, cfg.seed)  # at least one global batch
+            info["data"] = packed.meta
+            info["notes"] += data_summary(packed.meta, cfg.overlong)
+        else:
+            records = load_records(cfg.dataset, cfg.dataset_split, config=cfg.dataset_config,
+                                   storage_fs=fs_for(cfg.dataset), limit=100, cache_dir=cfg.resolved_cache_dir)
+            renderer = Renderer(tokenizer, cfg.train_on) if tokenizer is not None else None
+            check_records(records, cfg.dataset, renderer=renderer, text_field=cfg.dataset_text_field)
+            info["sampled_records"] = len(records)
     except DataError as e:
         where = flag("chat_template") if "no chat template" in str(e) else flag("dataset")
         problems.append(f"{where}: {e}")
     if problems:
         raise ConfigError(problems)
     info["tokenizer"] = tokenizer
+    if model_ok and for_run:
+        info["inputs"] = resume.inputs(cfg, data=(info.get("data") or {}).get("source_fingerprint"),
+                                       tokenizer=tokenizer_fingerprint(tokenizer),
+                                       model=resume.model_identity(cfg.model, storage_fs=fs_for(cfg.model)),
+                                       chat_template=template)
+        changed = resume.check(cfg, info["inputs"], Storage.from_uri(cfg.run_uri, fs=fs_for(cfg.run_uri)))
+        info["notes"] += [f"{flag('resume_anyway')}: resuming {cfg.run_uri} although {d}" for d in changed]
     return info
 
 
-def build_trainer(cfg: TrainConfig, storage_filesystem: Any = None, *, quiet: bool = False):
-    """TorchTrainer running trainer.loop.train_func; `quiet` hides Ray Train's own INFO logs."""
+def build_trainer(cfg: TrainConfig, storage_filesystem: Any = None, *, quiet: bool = False,
+                  inputs: dict | None = None):
+    """TorchTrainer running trainer.loop.train_func; `quiet` hides Ray Train's own INFO logs.
+
+    Ray retries nothing itself (max_failures 0; train() decides); preemptions keep Ray's own
+    budget (FailureConfig.max_preemption_failures, unlimited by default).
+    """
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
@@ -139,6 +172,8 @@ def build_trainer(cfg: TrainConfig, storage_filesystem: Any = None, *, quiet: bo
     if cfg.chat_template:  # read here, by the driver: the workers may be on nodes without the file
         fs = storage_filesystem if cfg.chat_template.startswith("s3://") else None
         loop_config[CHAT_TEMPLATE_KEY] = read_chat_template(cfg.chat_template, fs)
+    if inputs is not None:
+        loop_config[resume.INPUTS_KEY] = inputs
     return TorchTrainer(
         train_func,
         train_loop_config=loop_config,
@@ -147,7 +182,7 @@ def build_trainer(cfg: TrainConfig, storage_filesystem: Any = None, *, quiet: bo
             name=cfg.resolved_run_name,
             storage_path=storage_path,
             storage_filesystem=storage_filesystem,
-            failure_config=FailureConfig(max_failures=cfg.max_failures),
+            failure_config=FailureConfig(max_failures=0),
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.num_to_keep),
             worker_runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "TRAINER_QUIET_RAY": str(int(quiet))}},
             logging_config=LoggingConfig(log_level="WARNING" if quiet else "INFO"),
@@ -155,11 +190,69 @@ def build_trainer(cfg: TrainConfig, storage_filesystem: Any = None, *, quiet: bo
     )
 
 
-def train(cfg: TrainConfig, storage_filesystem: Any = None, *, check: bool = True, quiet: bool = False):
-    """Pre-flight, then fit on the Ray cluster this process is connected to; returns Ray's Result."""
+def user_error(error: BaseException) -> UserError | None:
+    """The user error behind a failed fit (the lowest rank's), or None: such a run fails alike on every retry."""
+    from ray.train import ControllerError, WorkerGroupError
+
+    if isinstance(error, UserError):
+        return error
+    if isinstance(error, WorkerGroupError):
+        found = [e for _, e in sorted(error.worker_failures.items()) if isinstance(e, UserError)]
+        return found[0] if found else None
+    if isinstance(error, ControllerError):
+        from ray.train.v2._internal.exceptions import InsufficientClusterResourcesError
+
+        if isinstance(error.controller_failure, InsufficientClusterResourcesError):
+            from trainer.cluster import ClusterError
+
+            return ClusterError(str(error.controller_failure).replace("\n", " "))
+    return None
+
+
+def retryable(error: BaseException) -> bool:
+    """Worker, node and storage failures: a worker group that failed without a user error."""
+    from ray.train import WorkerGroupError
+
+    return isinstance(error, WorkerGroupError) and user_error(error) is None
+
+
+def _failure_summary(error: BaseException) -> str:
+    from ray.train import WorkerGroupError
+
+    if isinstance(error, WorkerGroupError) and error.worker_failures:
+        rank, first = min(error.worker_failures.items())
+        return f"rank {rank}: {first_line(first)}"
+    return first_line(error)
+
+
+def train(cfg: TrainConfig, storage_filesystem: Any = None, *, check: bool = True, quiet: bool = False,
+          inputs: dict | None = None):
+    """Pre-flight and the cluster's size, then fit on the connected Ray cluster; returns Ray's Result.
+
+    Ray Train retries every worker failure alike (its failure policy is not pluggable), a bad
+    record or config included, each retry failing the same way. So Ray retries nothing, and
+    this loop fits the same run name again (a resume from its last complete checkpoint) only
+    after a worker, node or storage failure, up to --max-failures times. A user error from
+    any worker is raised at once (a UserError: exit 2).
+    """
+    from trainer.cluster import check_capacity
+
     if check:
-        preflight(cfg, storage_filesystem)
-    return build_trainer(cfg, storage_filesystem, quiet=quiet).fit()
+        inputs = preflight(cfg, storage_filesystem)["inputs"]
+    check_capacity(cfg.num_workers, cfg.use_gpu)
+    failures = 0
+    while True:
+        try:
+            return build_trainer(cfg, storage_filesystem, quiet=quiet, inputs=inputs).fit()
+        except Exception as e:  # noqa: BLE001 - sorted below: user error, retryable, or final
+            found = user_error(e)
+            if found is not None:
+                raise found from None
+            if not retryable(e) or failures >= cfg.max_failures:
+                raise
+            failures += 1
+            print(f"attempt {failures} failed ({_failure_summary(e)}); restarting from the last complete checkpoint "
+                  f"(retry {failures} of --max-failures {cfg.max_failures})", file=sys.stderr, flush=True)
 
 
 CHECKPOINT_ENV = ray_facts.CHECKPOINT_ENV  # set on the RayCluster's head: the stack's bucket
@@ -173,6 +266,27 @@ def storage_default(environ=None) -> dict[str, str] | None:
     return {"storage_path": uri} if uri else None
 
 
+def print_notes(info: dict) -> None:
+    """What the pre-flight found worth knowing (records truncated or dropped, a resume with changes)."""
+    for note in info.get("notes", []):
+        print(f"note: {note}", flush=True)
+
+
+def connect(address: str | None, **kwargs):
+    """ray.init, within seconds or with the reason: an address nobody answers, or no cluster to find."""
+    import ray
+
+    from trainer.cluster import ClusterError, check_reachable
+
+    check_reachable(address)
+    try:
+        return ray.init(address=address, **kwargs)
+    except ConnectionError as e:
+        raise ClusterError(f"--address {address or 'auto'}: no Ray cluster found ({first_line(e)}); start one "
+                           f"(`ray start --head`), pass --address HOST:PORT, or use `trainer local`") from None
+
+
+@cli
 def main(argv: Sequence[str]) -> int:
     """`python -m trainer train`: run one training job on an existing Ray cluster."""
     parser = argparse.ArgumentParser(prog="python -m trainer train",
@@ -181,25 +295,22 @@ def main(argv: Sequence[str]) -> int:
     add_arguments(parser)
     args = parser.parse_args(list(argv))
     address = args.__dict__.pop("address")
-    try:
-        cfg = from_args(args, storage_default())
-        if not is_remote(cfg.storage_path) and cfg.num_workers > 1 and address not in ("auto", "local"):
-            print(f"note: {flag('storage_path')} {cfg.storage_path} is local; multi-node runs need shared storage (s3://)",
-                  file=sys.stderr)
-        preflight(cfg)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    import ray
+    cfg = from_args(args, storage_default())
+    if not is_remote(cfg.storage_path) and cfg.num_workers > 1 and address not in ("auto", "local"):
+        print(f"note: {flag('storage_path')} {cfg.storage_path} is local; multi-node runs need shared storage (s3://)",
+              file=sys.stderr)
+    from trainer.cluster import check_reachable
 
-    ray.init(address=address)
+    check_reachable(address)  # seconds, before the pre-flight reads the data
+    info = preflight(cfg)
+    print_notes(info)
+    connect(address)
     try:
-        result = train(cfg, check=False)
-    except Exception as e:  # noqa: BLE001 - fit() raises the workers' error after max_failures
+        train(cfg, check=False, inputs=info["inputs"])
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 - fit() raises the workers' error once the retries are spent
         print(f"error: training failed: {e}", file=sys.stderr)
-        return 1
-    if result.error:
-        print(f"error: training failed: {result.error}", file=sys.stderr)
         return 1
     print(f"done: run folder {cfg.run_uri}")
     return 0

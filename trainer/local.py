@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import dataclasses
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -23,6 +24,8 @@ from typing import Iterator, Sequence
 
 from trainer import demo
 from trainer.config import ConfigError, TrainConfig, add_arguments, from_args, split_out, validate
+from trainer.errors import UserError, cli
+from trainer.storage import location_problem
 
 DEFAULTS = dict(num_workers=2, steps=400, seed=0, global_batch_size=32, log_every=20, checkpoint_every=200,
                 max_failures=1, lr=3e-3, seq_len=128, min_lr_ratio=0.1, schedule="cosine", device="cpu")
@@ -155,29 +158,36 @@ def _quiet_libraries() -> None:
     huggingface_hub.utils.disable_progress_bars()
 
 
+@cli
 def main(argv: Sequence[str]) -> int:
     args = _parser().parse_args(list(argv))
     t_start = time.perf_counter()
     out = run_folder(args)
-    try:
-        cfg = make_config(args, out)  # validate the flags before writing anything
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    cfg = make_config(args, out)  # validate the flags before writing anything
+    where = location_problem(str(out))
+    if where:
+        raise ConfigError([f"--out {out}: {where}"])
+    if args.address:
+        from trainer.cluster import check_reachable
+
+        check_reachable(args.address)
 
     _quiet_libraries()
     demo_model, demo_data = cfg.model == str(out / DEMO_MODEL), uses_demo_data(cfg, out)
     what = " and ".join(w for w, on in (("the tiny Qwen2 model", demo_model), ("the instruction data", demo_data)) if on)
     print(f"[1/5] preparing {what or 'the run'} in {out}", flush=True)
+    created = not out.exists()
     init_model, eval_rows = prepare_assets(out, cfg.seed, model=demo_model, data=demo_data)
 
-    from trainer.launch import preflight, train
+    from trainer.launch import connect, preflight, print_notes, train
 
     try:
-        preflight(cfg)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        info = preflight(cfg)
+    except UserError:
+        if created:  # nothing half-created: the demo's files go again with the folder they were made in
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    print_notes(info)
     before = _evaluate(init_model, eval_rows) if eval_rows else None
     if before is not None:
         print(f"[2/5] held-out exact match before training: {before:.1%} ({len(eval_rows)} examples)", flush=True)
@@ -188,7 +198,7 @@ def main(argv: Sequence[str]) -> int:
 
     with contextlib.ExitStack() as stack:
         if args.address:
-            ctx = ray.init(address=args.address, logging_level="WARNING")
+            ctx = connect(args.address, logging_level="WARNING")
             stack.callback(ray.shutdown)
             where = f"the Ray cluster at {args.address}"
         else:
@@ -200,7 +210,9 @@ def main(argv: Sequence[str]) -> int:
               f"{cfg.seq_len} tokens", flush=True)
         t_train = time.perf_counter()
         try:
-            result = train(cfg, check=False, quiet=True)
+            result = train(cfg, check=False, quiet=True, inputs=info["inputs"])
+        except UserError:
+            raise
         except Exception as e:  # noqa: BLE001 - Ray raises the workers' error from fit()
             print(f"error: training failed: {e}", file=sys.stderr)
             return 1

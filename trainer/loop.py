@@ -23,18 +23,22 @@ import torch.distributed as dist
 from trainer import checkpoint as ckpt
 from trainer import flops as flops_lib
 from trainer import record as run_record
-from trainer.config import TrainConfig, total_steps
+from trainer.config import ConfigError, TrainConfig, total_steps
 from trainer.data import DataSpec, PackedData, prepare
+from trainer.data import summary as data_summary
 from trainer.metrics import (EVENTS_FILE, METRICS_FILE, MLFLOW_DIR, TENSORBOARD_DIR, IntervalTracker, MetricsWriter,
                              RayReportBudget)
 from trainer.model import (build_model, build_optimizer, build_scheduler, enable_activation_checkpointing,
                            load_tokenizer, resolve_model_path)
+from trainer.resume import INPUTS_KEY
 from trainer.step import StepHealth, TrainingDiverged, check_loss_path, choose_micro_batch, resolve_loss, train_step
 from trainer.storage import Storage
 
 log = logging.getLogger("trainer")
 
 CHAT_TEMPLATE_KEY = "chat_template_text"  # train_loop_config key: --chat-template's text, read by the driver
+DATA_COUNTS = ("records", "documents", "rows", "truncated", "dropped", "drop_reasons", "too_long", "longest_tokens",
+               "longest_record")
 LOSS = "auto"  # train_step's loss, also the one the micro-batch probe runs (they must use the same memory)
 
 
@@ -86,9 +90,12 @@ def setup_parallel(cfg: TrainConfig, rank: int, world_size: int, local_rank: int
     # estimate counts 1 micro-batch per step: the fewest, i.e. the least full-sharding traffic (hybrid
     # is then taken only where it wins even so).
     micro_batches = 1 if cfg.micro_batch_auto else cfg.grad_accum_steps
-    plan = plan_sharding(cfg.sharding, world_size, hosts, shard_size=cfg.shard_size,
-                         instance_type=cfg.instance_type, micro_batches=micro_batches, params=params,
-                         param_bytes=2 if cfg.use_gpu else 4)
+    try:
+        plan = plan_sharding(cfg.sharding, world_size, hosts, shard_size=cfg.shard_size,
+                             instance_type=cfg.instance_type, micro_batches=micro_batches, params=params,
+                             param_bytes=2 if cfg.use_gpu else 4)
+    except ValueError as e:  # the workers' placement does not fit the sharding asked for: a user error
+        raise ConfigError([f"--sharding {cfg.sharding} / --shard-size {cfg.shard_size}: {e}"]) from None
     mesh = init_device_mesh(device.type, plan.mesh_shape, mesh_dim_names=plan.mesh_dim_names)
     if rank == 0:
         log.info("sharding: %s, mesh %s over %d node(s) (%s)", plan.kind,
@@ -123,13 +130,15 @@ def transport_check(cfg: TrainConfig, env: WorkerEnv) -> None:
 def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
         latest_checkpoint: str | None = None,
         reporter: Callable[[dict, str | None], None] | None = None,
-        preemption: Callable[[], Any] | None = None, chat_template: str | None = None) -> dict:
+        preemption: Callable[[], Any] | None = None, chat_template: str | None = None,
+        inputs: dict | None = None) -> dict:
     """Train to the configured number of steps; returns the last logged metrics.
 
     `preemption` (ray.train.get_preemption_info under Ray) is asked at every logging step,
     on every rank (it is a barrier); once it reports a node about to be reclaimed, a
     checkpoint is saved right away, so the restart loses at most those steps. `chat_template`
-    (the text of --chat-template, read by the driver) replaces the tokenizer's.
+    (the text of --chat-template, read by the driver) replaces the tokenizer's; `inputs` (the
+    driver's trainer.resume.inputs) go into run.json.
     """
     rank0 = env.rank == 0
     cache_dir = cfg.resolved_cache_dir
@@ -150,7 +159,8 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
 
     model = build_model(model_path, device=env.device, use_gpu=cfg.use_gpu, mesh=env.mesh,
                         attn_implementation=cfg.attn_implementation,
-                        activation_checkpointing=cfg.activation_checkpointing, seed=cfg.seed)
+                        activation_checkpointing=cfg.activation_checkpointing, seed=cfg.seed,
+                        random_init=cfg.random_init)
     check_loss_path(model, resolve_loss(LOSS, env.device), env.device)  # before the micro-batch probe measures it
     optimizer = build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=cfg.use_gpu)
     scheduler = build_scheduler(optimizer, warmup=cfg.warmup_for(steps), total=steps,
@@ -160,7 +170,7 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
 
     # -- resume
     start = 0
-    resume_from = ckpt.latest_complete(storage, latest_checkpoint)
+    resume_from = ckpt.resume_point(storage, latest_checkpoint)
     if resume_from:
         state = ckpt.load(storage, resume_from, model, optimizer, scheduler)
         start = state["step"]
@@ -180,13 +190,17 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
     ray_budget = RayReportBudget()
     fpt = flops_lib.flops_per_token(model.config, cfg.seq_len)
     tracker = IntervalTracker(env.device, fpt, flops_lib.device_peak_flops(cfg.peak_tflops), env.world_size)
+    notes = data_summary(data.meta, cfg.overlong)
     writer.event("resume" if resume_from else "start", step=start, world_size=env.world_size,
                  checkpoint=storage.path(resume_from) if resume_from else None, total_steps=steps,
-                 micro_batch_size=micro, grad_accum_steps=cfg.grad_accum_for(micro), micro_batch=fit)
+                 micro_batch_size=micro, grad_accum_steps=cfg.grad_accum_for(micro), micro_batch=fit,
+                 data={k: data.meta.get(k) for k in DATA_COUNTS}, data_notes=notes)
     record = run_record.write_run_record(storage, cfg, device=env.device, rank=env.rank, world_size=env.world_size,
                                          data_meta=data.meta, data_key=data.fingerprint, start_step=start,
-                                         total_steps=steps)
+                                         total_steps=steps, inputs=inputs)
     if rank0:
+        for note in notes:
+            log.warning("data: %s", note)
         log.info("training %s for %d steps (start %d): %d workers x %d micro-batches x %d sequences of %d tokens",
                  cfg.model, steps, start, env.world_size, cfg.grad_accum_for(micro), micro, cfg.seq_len)
 
@@ -230,7 +244,8 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
             try:
                 path = ckpt.save(storage, done, model, optimizer, scheduler,
                                  data.position(done, cfg.global_batch_size),
-                                 extra={"data_fingerprint": data.fingerprint, "total_steps": steps})
+                                 extra={"data_fingerprint": data.fingerprint, "total_steps": steps},
+                                 keep=cfg.num_to_keep)
             except ckpt.CheckpointError as e:
                 _record_failed_save(writer, storage, metrics_dir, rank0, done, e)
                 raise
@@ -377,6 +392,7 @@ def train_func(config: dict) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     config = dict(config)
     chat_template = config.pop(CHAT_TEMPLATE_KEY, None)
+    inputs = config.pop(INPUTS_KEY, None)
     cfg = TrainConfig.from_dict(config)
     ctx = ray.train.get_context()
     device = None
@@ -393,6 +409,6 @@ def train_func(config: dict) -> None:
         ckpt.report_to_ray(metrics, checkpoint_path, storage)
 
     run(cfg, env, storage, latest_checkpoint=latest.path if latest else None, reporter=reporter,
-        preemption=ray.train.get_preemption_info, chat_template=chat_template)
+        preemption=ray.train.get_preemption_info, chat_template=chat_template, inputs=inputs)
     if dist.is_initialized():
         dist.barrier()

@@ -27,12 +27,16 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainer.errors import UserError, first_line
+
 log = logging.getLogger("trainer")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-_HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "tokenizer*"]
+_HUB_FILES = ["*.json", "*.jinja", "*.txt", "*.model", "tokenizer*"]  # plus the weight files (hub_weight_files)
+_BIN_WEIGHTS = re.compile(r"^pytorch_model(-\d+-of-\d+)?\.bin$")
+RANDOM_INIT_FLAG = "--random-init"
 
 
-class ModelSourceError(ValueError):
+class ModelSourceError(UserError, ValueError):
     """The model location cannot be resolved to a folder with a Hugging Face config."""
 
 
@@ -96,7 +100,8 @@ def resolve_model_path(spec: str, cache_dir: str | Path, *, storage_fs: Any = No
             from huggingface_hub import snapshot_download
 
             try:
-                path = Path(snapshot_download(spec, cache_dir=str(Path(cache_dir) / "hub"), allow_patterns=_HUB_FILES))
+                path = Path(snapshot_download(spec, cache_dir=str(Path(cache_dir) / "hub"),
+                                              allow_patterns=[*_HUB_FILES, *_hub_weight_patterns(spec)]))
             except Exception as e:  # noqa: BLE001 - any hub failure means the same thing to the user
                 raise ModelSourceError(
                     f"model {spec!r}: not a local folder, and fetching it from the Hugging Face hub failed "
@@ -105,6 +110,119 @@ def resolve_model_path(spec: str, cache_dir: str | Path, *, storage_fs: Any = No
             target.mkdir(parents=True, exist_ok=True)
         marker.write_text(json.dumps({"path": str(path), "source": spec}))
         return path
+
+
+def hub_weight_files(files: list[str]) -> list[str]:
+    """The top-level weight files from_pretrained would read: the safetensors when the repo has any,
+    else the pytorch_model*.bin files (trainer.weights reads both)."""
+    top = [f for f in files if "/" not in f]
+    safetensors = sorted(f for f in top if f.endswith(".safetensors"))
+    return safetensors or sorted(f for f in top if _BIN_WEIGHTS.match(f))
+
+
+def _hub_weight_patterns(spec: str) -> list[str]:
+    """The repo's weight files to download; offline (HF_HUB_OFFLINE), whichever of them the hub cache holds."""
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return ["*.safetensors", "pytorch_model*.bin"]
+    return hub_weight_files(huggingface_hub.list_repo_files(spec))
+
+
+def weight_files(folder: str | Path) -> list[str]:
+    """The weight files trainer.weights reads from a local folder (an index's files, else the glob)."""
+    from trainer.weights import Checkpoint
+
+    return Checkpoint.files_in(Path(folder))
+
+
+def check_weights(spec: str, *, storage_fs: Any = None, random_init: bool = False) -> list[str]:
+    """Every weight file of the model present and its header readable, without reading any tensor.
+
+    No weight files is an error unless --random-init asks for the config's initialisation: a
+    model trained from random weights by accident looks like a run that merely went badly.
+    Returns the weight files' names.
+    """
+    kind = describe_source(spec)
+    if kind == "local":
+        folder = _local_model_dir(spec)
+        files = weight_files(folder)
+        if files and not random_init:
+            from trainer.weights import Checkpoint
+
+            Checkpoint(folder).close()  # opens every file: safetensors headers, .bin zip index
+    elif kind == "s3":
+        files = _check_s3_weights(spec, storage_fs) if not random_init else []
+    else:
+        files = _check_hub_weights(spec) if not random_init else []
+        if files is None:  # offline: the workers' download is the check
+            return []
+    if not files and not random_init:
+        raise no_weights(spec)
+    return files
+
+
+def no_weights(spec: str) -> ModelSourceError:
+    return ModelSourceError(f"model {spec!r}: no weight files (*.safetensors or pytorch_model*.bin); training "
+                            f"would start from random weights. Point --model at a folder saved with "
+                            f"save_pretrained (weights included), or pass {RANDOM_INIT_FLAG} to train from the "
+                            f"config's random initialisation on purpose")
+
+
+def _safetensors_header_problem(read_at, size: int) -> str | None:
+    """Why a safetensors file's header is unusable (read_at(offset, n) gives bytes), or None."""
+    import struct
+
+    if size < 8:
+        return f"{size} bytes, shorter than a safetensors header"
+    (n,) = struct.unpack("<Q", read_at(0, 8))
+    if n > min(size - 8, 100 * 2**20):
+        return f"the header claims {n} bytes, the file has {size}"
+    try:
+        header = json.loads(read_at(8, n))
+    except ValueError as e:
+        return f"the header is not JSON ({e})"
+    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)
+            and isinstance(v.get("data_offsets"), list) and len(v["data_offsets"]) == 2]
+    if not isinstance(header, dict) or len(ends) != len([k for k in header if k != "__metadata__"]):
+        return "the header does not list tensors with data offsets"
+    if 8 + n + max(ends, default=0) > size:
+        return f"its tensors end at byte {8 + n + max(ends)}, the file has {size} (truncated?)"
+    return None
+
+
+def _check_s3_weights(spec: str, storage_fs: Any) -> list[str]:
+    from trainer.storage import Storage
+
+    store = Storage.from_uri(spec, fs=storage_fs)
+    sizes = {k: v for k, v in store.file_sizes().items() if "/" not in k}
+    files = sorted(k for k in sizes if k.endswith(".safetensors")) or sorted(k for k in sizes if _BIN_WEIGHTS.match(k))
+    for name in files:
+        if name.endswith(".safetensors"):
+            with store.fs.open_input_file(store.path(name)) as f:
+                problem = _safetensors_header_problem(lambda at, n: f.read_at(n, at), sizes[name])
+            if problem:
+                raise ModelSourceError(f"model {spec!r}: {name} cannot be read ({problem}); upload the folder "
+                                       f"saved with save_pretrained again")
+    return files
+
+
+def _check_hub_weights(spec: str) -> list[str] | None:
+    """The hub repo's weight files; safetensors headers read remotely (HTTP range requests). None offline."""
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return None
+    try:
+        files = hub_weight_files(huggingface_hub.list_repo_files(spec))
+        if files and files[0].endswith(".safetensors"):
+            huggingface_hub.get_safetensors_metadata(spec)
+    except Exception as e:  # noqa: BLE001 - any hub failure means the same thing to the user
+        raise ModelSourceError(f"model {spec!r}: cannot list or read its weight files on the Hugging Face hub "
+                               f"({first_line(e)}); check the id, network access and HF_TOKEN for gated models") from None
+    return files
 
 
 def read_model_config(spec: str, *, storage_fs: Any = None):
@@ -286,7 +404,7 @@ def shard_model(model: nn.Module, mp_policy, mesh=None) -> nn.Module:
 
 
 def has_weights(path: str | Path) -> bool:
-    return any(Path(path).glob("*.safetensors")) or any(Path(path).glob("pytorch_model*.bin"))
+    return bool(weight_files(path))
 
 
 def initialise_unloaded(model: nn.Module, seed: int) -> None:
@@ -359,8 +477,10 @@ def build_model(
     seed: int = 0,
     kernels: str = "auto",
     compile: bool = False,
+    random_init: bool = False,
 ) -> nn.Module:
-    """A sharded, weight-loaded causal LM ready to train (random init if the folder has no weights).
+    """A sharded, weight-loaded causal LM ready to train; `random_init`: the config's initialisation instead
+    (a folder without weights is an error otherwise: trainer.model.check_weights).
 
     `kernels`: "liger" patches Liger's RMSNorm/SwiGLU/RoPE kernels into the model, "auto"
     does so on GPU when liger-kernel is installed, "none" keeps transformers' modules.
@@ -394,7 +514,9 @@ def build_model(
         compile_layers(model)
     shard_model(model, mixed_precision(use_gpu), mesh=mesh)
     model.to_empty(device=device)
-    if has_weights(path):
+    if not random_init:
+        if not has_weights(path):
+            raise no_weights(str(path))
         load_weights(model, path)
     initialise_unloaded(model, seed)
     model.train()

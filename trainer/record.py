@@ -55,15 +55,20 @@ def hardware(ranks: list[dict], instance_type: str | None = None) -> dict[str, A
 
 
 def run_record(cfg, *, data_meta: dict, data_key: str, hw: dict, previous: dict | None, start_step: int,
-               total_steps: int, extra: dict | None = None) -> dict:
-    """run.json's content: this attempt appended to the attempts of `previous` (the file as it was)."""
+               total_steps: int, extra: dict | None = None, inputs: dict | None = None) -> dict:
+    """run.json's content: this attempt appended to the attempts of `previous` (the file as it was).
+
+    `inputs` (trainer.resume) are what a later resume is compared with: the driver's, else the previous ones.
+    """
     attempt = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "start_step": start_step, "hardware": hw,
                "versions": versions(), **(extra or {})}
     data = {k: data_meta.get(k) for k in ("source", "config", "split", "train_on", "records", "documents",
                                           "dropped", "drop_reasons", "truncated", "rows", "seq_len", "tokens",
                                           "trained_tokens", "real_tokens", "loss_tokens", "fill",
+                                          "too_long", "longest_tokens", "longest_record", "overlong",
                                           "source_fingerprint")}
     return {"run_name": cfg.resolved_run_name, "config": cfg.to_dict(), "total_steps": total_steps,
+            "inputs": inputs if inputs is not None else (previous or {}).get("inputs"),
             "data": {**data, "packed_data_key": data_key}, "hardware": hw, "versions": attempt["versions"],
             "attempts": [*(previous or {}).get("attempts", []), attempt]}
 
@@ -120,7 +125,7 @@ def model_card(record: dict, final: dict, steps: int, tokens: int) -> str:
 
 
 def write_run_record(storage, cfg, *, device, rank: int, world_size: int, data_meta: dict, data_key: str,
-                     start_step: int, total_steps: int) -> dict | None:
+                     start_step: int, total_steps: int, inputs: dict | None = None) -> dict | None:
     """Collective: every rank's host and device gathered; rank 0 writes run.json and returns the record."""
     import torch.distributed as dist
 
@@ -133,6 +138,6 @@ def write_run_record(storage, cfg, *, device, rank: int, world_size: int, data_m
         return None
     previous = read_previous(lambda: storage.read_text(RUN_RECORD)) if storage.exists(RUN_RECORD) else None
     record = run_record(cfg, data_meta=data_meta, data_key=data_key, hw=hardware(ranks, cfg.instance_type),
-                        previous=previous, start_step=start_step, total_steps=total_steps)
+                        previous=previous, start_step=start_step, total_steps=total_steps, inputs=inputs)
     storage.write_text(json.dumps(record, indent=1, default=str), RUN_RECORD)
     return record

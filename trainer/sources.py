@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -102,11 +103,14 @@ def _fetch_s3(uri: str, storage_fs: Any, cache_dir: Path) -> Path:
     listing = _listing(store, name)
     if not listing:
         raise DataError(f"dataset {uri!r}: an empty S3 prefix; it holds no files")
-    key = hashlib.sha256(json.dumps([uri, listing]).encode()).hexdigest()[:16]
-    target = cache_dir / "datasets-s3" / key
+    where = hashlib.sha256(uri.encode()).hexdigest()[:12]
+    target = cache_dir / "datasets-s3" / f"{where}-{hashlib.sha256(json.dumps(listing).encode()).hexdigest()[:12]}"
     local = target / name
     if (target / ".complete").is_file():
         return local
+    for stale in target.parent.glob(f"{where}-*"):  # this URI's earlier objects: never read again
+        if not stale.name.endswith(".tmp"):
+            shutil.rmtree(stale, ignore_errors=True)
     tmp = target.with_name(target.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / name).parent.mkdir(parents=True, exist_ok=True)
@@ -135,10 +139,36 @@ def _listing(store, name: str) -> list[list]:
 
 
 def _first_line(err: BaseException) -> str:
-    while err.__cause__ is not None and not str(err):
-        err = err.__cause__
+    """The root cause's first line: `datasets` wraps the reader's error in a generic one."""
+    err = _root(err)
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
+
+
+def _root(err: BaseException) -> BaseException:
+    while err.__cause__ is not None or (err.__context__ is not None and not str(err)):
+        err = err.__cause__ or err.__context__
+    return err
+
+
+def undecodable(source: Source, err: UnicodeDecodeError) -> DataError:
+    """A DataError naming the file, line and byte that are not UTF-8 (text formats must be)."""
+    path = Path(source.path)
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and builder_for(p.name)
+                                                 in ("json", "csv", "text")) if path.exists() else []
+    for file in files:
+        if builder_for(file.name) not in ("json", "csv", "text") or file.name.endswith(_COMPRESSION):
+            continue
+        data = file.read_bytes()
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as bad:
+            line = data.count(b"\n", 0, bad.start) + 1
+            return DataError(f"{source.label}: {file.name} line {line} (byte {bad.start}) is not UTF-8 "
+                             f"({bad.reason}: {data[bad.start:bad.end]!r}); save the file as UTF-8 (e.g. "
+                             f"`iconv -f latin1 -t utf-8`), or fix or remove that record")
+    return DataError(f"{source.label}: a record is not valid UTF-8 ({err.reason} at byte {err.start} of a "
+                     f"field); save the data as UTF-8")
 
 
 def open_dataset(source: Source, *, streaming: bool = False, cache_dir: str | Path | None = None):
@@ -159,6 +189,8 @@ def open_dataset(source: Source, *, streaming: bool = False, cache_dir: str | Pa
     except DataError:
         raise
     except Exception as e:  # noqa: BLE001 - datasets raises many kinds; each means this input is unusable
+        if isinstance(_root(e), UnicodeDecodeError):
+            raise undecodable(source, _root(e)) from None
         if source.kind == "hub":
             raise DataError(f"{source.label}: not a local file or folder, and loading it from the Hugging Face "
                             f"hub failed ({_first_line(e)}); check the id, --dataset-config and --dataset-split, "
@@ -194,22 +226,54 @@ def _saved_split(saved, source: Source):
 
 def records(source: Source, *, limit: int | None = None, cache_dir: str | Path | None = None) -> list[dict]:
     """The split's records as dicts (only the first `limit`, streamed, for a hub dataset)."""
-    if limit and source.kind == "hub":
-        ds = open_dataset(source, streaming=True, cache_dir=cache_dir)
-        return [dict(r) for r in ds.take(limit)]
-    ds = open_dataset(source, cache_dir=cache_dir)
-    if limit:
-        ds = ds.select(range(min(limit, len(ds))))
-    return ds.to_list()
+    try:
+        if limit and source.kind == "hub":
+            ds = open_dataset(source, streaming=True, cache_dir=cache_dir)
+            return [dict(r) for r in ds.take(limit)]
+        ds = open_dataset(source, cache_dir=cache_dir)
+        if limit:
+            ds = ds.select(range(min(limit, len(ds))))
+        return ds.to_list()
+    except UnicodeDecodeError as e:  # pyarrow reads JSON bytes as they are; decoding happens here
+        raise undecodable(source, e) from None
 
 
-def fingerprint(source: Source) -> dict:
-    """What identifies the data for caching and the run record: files by path, size and mtime."""
+def fingerprint(source: Source, cache_dir: str | Path | None = None) -> dict:
+    """What identifies the data for caching and the run record: files by path, size and content (sha256).
+
+    By content, not modification time: the same data written again (the local demo rewrites
+    its file on every run) is the same data, and keeps its packed rows in the cache.
+    """
     info: dict[str, Any] = {"spec": source.spec, "kind": source.kind, "config": source.config, "split": source.split}
     if source.kind == "hub":
         return info
     path = Path(source.path)
     files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and ".cache" not in p.parts)
-    info["files"] = [[str(p.relative_to(path)) if p != path else p.name, p.stat().st_size, p.stat().st_mtime_ns]
+    info["files"] = [[str(p.relative_to(path)) if p != path else p.name, p.stat().st_size, content_hash(p, cache_dir)]
                      for p in files]
     return info
+
+
+def content_hash(path: Path, cache_dir: str | Path | None = None) -> str:
+    """sha256 of a file, remembered per (path, size, mtime) in the cache so each rank does not read it again."""
+    st = path.stat()
+    memo = None
+    if cache_dir:
+        key = hashlib.sha256(json.dumps([str(path.absolute()), st.st_size, st.st_mtime_ns]).encode()).hexdigest()[:24]
+        memo = Path(cache_dir) / "hashes" / key
+        if memo.is_file():
+            return memo.read_text().strip()
+    h = hashlib.sha256()
+    try:
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    except OSError as e:
+        raise DataError(f"dataset file {path}: cannot be read ({type(e).__name__}: {e})") from None
+    digest = h.hexdigest()
+    if memo is not None:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo.with_name(memo.name + f".{os.getpid()}.tmp")
+        tmp.write_text(digest)
+        tmp.replace(memo)
+    return digest

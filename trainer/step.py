@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from trainer.errors import UserError
 from trainer.losses import IMPLEMENTATIONS, linear_cross_entropy_sum, liger_available, liger_has_softcap
 
 log = logging.getLogger("trainer")
@@ -325,7 +326,7 @@ def train_step(
                       global_loss_tokens=global_tokens)
 
 
-class TrainingDiverged(RuntimeError):
+class TrainingDiverged(UserError, RuntimeError):
     """A step's loss or gradient norm is not finite, or its gradient is exactly zero: stop instead of training on."""
 
 

@@ -102,3 +102,39 @@ class Storage:
     def delete_dir(self, *parts: str) -> None:
         if self.is_dir(*parts):
             self.fs.delete_dir(self.path(*parts))
+
+
+def location_problem(uri: str, fs: pafs.FileSystem | None = None) -> str | None:
+    """Why a run folder cannot be written (None when it can), found without writing anything that stays.
+
+    Local: the folder, or its nearest existing parent, must be a folder this process can
+    create entries in (tried with a temporary folder, removed at once). s3://: the bucket
+    must answer (exist, and the credentials reach it).
+    """
+    import tempfile
+
+    from trainer.errors import first_line
+
+    if "://" in uri and not uri.startswith("file://"):
+        store = Storage.from_uri(uri, fs=fs)
+        bucket = store.root.split("/", 1)[0]
+        try:
+            if store.fs.get_file_info(bucket).type == pafs.FileType.NotFound:
+                return f"the bucket {bucket} does not exist (or is not visible to these credentials)"
+            store.fs.get_file_info(store.root)
+        except Exception as e:  # noqa: BLE001 - pyarrow raises OSError subclasses with the AWS error inside
+            return f"the bucket {bucket} does not answer ({first_line(e)}); check the bucket name and the credentials"
+        return None
+    path = Path(uri.removeprefix("file://")).expanduser().absolute()
+    if path.exists() and not path.is_dir():
+        return f"{path} is a file, not a folder"
+    parent = path
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is a file, so no folder can be made below it"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".trainer-write-check-", dir=parent))
+    except OSError as e:
+        return f"cannot create folders in {parent} ({first_line(e)}); choose a folder you can write"
+    return None

@@ -36,6 +36,7 @@ from typing import Iterator, Sequence
 import facts
 from facts import outputs as stack_outputs
 from facts import ray as ray_facts
+from trainer.errors import UserError
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 # What a job's working_dir holds: the trainer and the stdlib package of shared facts it imports.
@@ -51,7 +52,7 @@ CHECKPOINT_ENV = ray_facts.CHECKPOINT_ENV  # the head's default storage (trainer
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED = 0, 1, 2, 3
 
 
-class SubmitError(RuntimeError):
+class SubmitError(UserError, RuntimeError):
     """A problem reaching or using the cluster, explained for the user."""
 
 
@@ -383,7 +384,8 @@ def report_status(client, job_id: str) -> int:
     if info.status == JobStatus.FAILED:
         tail = client.get_job_logs(job_id).strip().splitlines()[-20:]
         print("Last lines of the job log:\n" + "\n".join(f"  {line}" for line in tail), file=sys.stderr)
-        return EXIT_FAILED
+        # the job's own verdict: 2 is a bad input found on the cluster (the `error:` line above)
+        return EXIT_USAGE if getattr(info, "driver_exit_code", None) == EXIT_USAGE else EXIT_FAILED
     if info.status == JobStatus.STOPPED:
         return EXIT_STOPPED
     return EXIT_OK
@@ -542,10 +544,47 @@ def main(argv: list[str]) -> int:
                 if problems:
                     raise train_config.ConfigError(problems)
             env = job_environment(cfg, args.require_efa, parse_env(args.env))
-        except (train_config.ConfigError, SubmitError) as err:
+            check_capacity_of_stack(cfg, outputs)
+            check_here(cfg, cluster_storage)
+        except UserError as err:
             print(f"error: {err}", file=sys.stderr)
             return EXIT_USAGE
         return _submit_and_follow(args, target, cfg, env, cluster_storage)
+
+
+def check_capacity_of_stack(cfg, outputs: dict) -> None:
+    """More GPU workers than the stack's GPU nodes can ever hold would wait forever: refuse it here."""
+    from trainer.cluster import ClusterError
+
+    gpus = stack_gpus(outputs)
+    if cfg.use_gpu and gpus is not None and cfg.num_workers > gpus:
+        raise ClusterError(f"--num-workers {cfg.num_workers} asks for {cfg.num_workers} GPUs; the stack has {gpus} "
+                           f"at most ({outputs.get('gpuNodeCount')} x {outputs.get('gpuNodeType')}); use "
+                           f"--num-workers {gpus} or fewer, or raise gpuNodeCount")
+
+
+def check_here(cfg, cluster_storage: bool) -> None:
+    """The pre-flight on this machine, before anything is submitted: the model (config, tokenizer, weight
+    headers), the first records, the run folder when it is known here. The job repeats it at its start on
+    the cluster, with the whole dataset. s3:// inputs are checked here only with AWS credentials here."""
+    from trainer.launch import preflight, print_notes
+
+    uses_s3 = any(str(v).startswith("s3://") for v in (cfg.model, cfg.dataset, cfg.tokenizer, cfg.chat_template,
+                                                        None if cluster_storage else cfg.storage_path))
+    if uses_s3 and not _aws_credentials():
+        print("note: no AWS credentials on this machine, so the s3:// inputs are checked at the job's start on "
+              "the cluster, not here", file=sys.stderr)
+        return
+    print_notes(preflight(cfg, full_data=False, for_run=not cluster_storage))
+
+
+def _aws_credentials() -> bool:
+    try:
+        import botocore.session
+
+        return botocore.session.get_session().get_credentials() is not None
+    except Exception:  # noqa: BLE001 - no botocore, or a broken profile: nothing to check with
+        return False
 
 
 def _storage_chosen(args: argparse.Namespace, flags: dict) -> bool:

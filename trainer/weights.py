@@ -31,14 +31,10 @@ from typing import Callable
 import torch
 from torch import nn
 
+from trainer.errors import first_line as _first_line
 from trainer.model import ModelSourceError, model_name
 
 log = logging.getLogger("trainer")
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0][:300]}" if text else type(e).__name__
 
 
 class Checkpoint:
@@ -56,12 +52,21 @@ class Checkpoint:
                 self.file_of[key] = name
 
     def _files(self) -> list[str]:
+        return self.files_in(self.folder)
+
+    @staticmethod
+    def files_in(folder: Path) -> list[str]:
+        """The weight files of a folder: those its index names, else the safetensors, else pytorch_model*.bin."""
         for index, pattern in (("model.safetensors.index.json", "*.safetensors"),
                                ("pytorch_model.bin.index.json", "pytorch_model*.bin")):
-            if (self.folder / index).is_file():
-                weight_map = json.loads((self.folder / index).read_text())["weight_map"]
-                return sorted(set(weight_map.values()))
-            found = sorted(p.name for p in self.folder.glob(pattern))
+            if (folder / index).is_file():
+                try:
+                    weight_map = json.loads((folder / index).read_text())["weight_map"]
+                    return sorted(set(weight_map.values()))
+                except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+                    raise ModelSourceError(f"model weights in {folder}: {index} cannot be read ({_first_line(e)}); "
+                                           f"download or save the folder again") from None
+            found = sorted(p.name for p in folder.glob(pattern))
             if found:
                 return found
         return []
@@ -78,7 +83,9 @@ class Checkpoint:
                     self._handles[name] = safe_open(str(path), framework="pt", device="cpu")
                 else:
                     self._handles[name] = torch.load(str(path), map_location="cpu", mmap=True, weights_only=True)
-            except Exception as e:  # noqa: BLE001 - a truncated or foreign file: name it
+            except BaseException as e:  # noqa: BLE001 - a truncated or foreign file (a Rust panic included): name it
+                if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                    raise
                 raise ModelSourceError(f"model weights in {self.folder}: {name} cannot be read ({_first_line(e)}); "
                              f"download or save the folder again") from e
         return self._handles[name]

@@ -65,6 +65,18 @@ def _pids_using(marker: str) -> list[int]:
     return pids
 
 
+def ray_start_head(temp_dir: str, port: int, dash_port: int, cpus: int = 8) -> list[str]:
+    """`ray start --head --block` on 127.0.0.1 with every port chosen free."""
+    return [str(VENV_BIN / "ray"), "start", "--head", "--block", "--port", str(port), "--num-cpus", str(cpus),
+            "--node-ip-address", "127.0.0.1", "--temp-dir", temp_dir, "--include-dashboard", "true",
+            "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash_port), "--disable-usage-stats",
+            # Fixed default ports (the job agent's 52365 among them) collide when two clusters share a
+            # machine, and a job agent that cannot bind leaves the Jobs API with "No available agent".
+            "--dashboard-agent-listen-port", str(free_port()), "--dashboard-agent-grpc-port", str(free_port()),
+            "--runtime-env-agent-port", str(free_port()), "--metrics-export-port", str(free_port()),
+            "--ray-client-server-port", str(free_port())]
+
+
 @dataclass
 class RayCluster:
     address: str           # GCS address for ray.init / `ray start --address`
@@ -93,14 +105,7 @@ def ray_cluster():
     auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
     log = open(Path(temp_dir) / "ray-start.log", "w")
     proc = subprocess.Popen(
-        [str(VENV_BIN / "ray"), "start", "--head", "--block", "--port", str(port), "--num-cpus", "8",
-         "--node-ip-address", "127.0.0.1", "--temp-dir", temp_dir, "--include-dashboard", "true",
-         "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash_port), "--disable-usage-stats",
-         # Fixed default ports (the job agent's 52365 among them) collide when two clusters share a
-         # machine, and a job agent that cannot bind leaves the Jobs API with "No available agent".
-         "--dashboard-agent-listen-port", str(free_port()), "--dashboard-agent-grpc-port", str(free_port()),
-         "--runtime-env-agent-port", str(free_port()), "--metrics-export-port", str(free_port()),
-         "--ray-client-server-port", str(free_port())],
+        ray_start_head(temp_dir, port, dash_port),
         # PATH is left as it is, as after `.venv/bin/ray start` without activating the virtualenv:
         # a bare `python` there has no torch, and jobs must still find the interpreter that does.
         env={**os.environ, **auth},

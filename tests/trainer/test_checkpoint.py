@@ -91,3 +91,53 @@ def test_large_exports_are_sharded_the_way_from_pretrained_reads_them(demo_asset
     for name, tensor in loaded.state_dict().items():
         expected = source.state_dict()[name].to(torch.bfloat16).to(tensor.dtype)
         torch.testing.assert_close(tensor, expected, rtol=0, atol=0)
+
+
+def _saved_run(demo_assets, tmp_path, steps=(1, 2), keep=None):
+    model, opt, sched = _setup(demo_assets["model"])
+    store = Storage.from_uri(str(tmp_path / "run"))
+    for step in steps:
+        ckpt.save(store, step, model, opt, sched, {"rows_consumed": step}, keep=keep)
+    return store
+
+
+def test_the_marker_records_the_sha256_of_every_file_as_written(process_group, demo_assets, tmp_path):
+    import hashlib
+
+    store = _saved_run(demo_assets, tmp_path, steps=(1,))
+    marker = json.loads(store.read_text(ckpt.dir_name(1), ckpt.MARKER))
+    assert marker["format"] == ckpt.MARKER_FORMAT == 2
+    on_disk = {k: v for k, v in store.file_sizes(ckpt.dir_name(1)).items() if k != ckpt.MARKER}
+    assert set(marker["files"]) == set(on_disk) >= {".metadata", "__0_0.distcp", ckpt.TRAIN_STATE, "rng/rank_0.pt"}
+    for path, entry in marker["files"].items():  # hashed from the written bytes, equal to the stored content
+        content = (tmp_path / "run" / ckpt.dir_name(1) / path).read_bytes()
+        assert entry == {"size": len(content), "sha256": hashlib.sha256(content).hexdigest()}, path
+
+
+def test_a_same_size_corruption_falls_back_to_the_previous_checkpoint_with_a_log_line(process_group, demo_assets,
+                                                                                      tmp_path, caplog):
+    store = _saved_run(demo_assets, tmp_path)
+    assert ckpt.resume_point(store) == ckpt.dir_name(2)
+    shard = tmp_path / "run" / ckpt.dir_name(2) / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte: same size, so the size check alone passes
+    shard.write_bytes(bytes(data))
+    assert ckpt.is_complete(store, ckpt.dir_name(2))
+    with caplog.at_level("WARNING", logger=ckpt.log.name):
+        assert ckpt.resume_point(store, preferred=store.path(ckpt.dir_name(2))) == ckpt.dir_name(1)
+    assert "checkpoint_00000002: content differs from what was written (__0_0.distcp: sha256" in caplog.text
+    assert "resuming from the previous complete checkpoint instead" in caplog.text
+
+
+def test_checkpoints_outside_rays_bookkeeping_are_pruned_by_the_same_keep_rule(process_group, demo_assets, tmp_path):
+    store = _saved_run(demo_assets, tmp_path, steps=(1, 2))
+    # a leftover no marker was written for, and a checkpoint Ray tracks (its snapshot names it)
+    store.write_text("partial", ckpt.dir_name(3), "__0_0.distcp")
+    store.write_text(json.dumps({"checkpoints": [{"dir": ckpt.dir_name(1)}]}), ckpt.RAY_SNAPSHOT)
+    model, opt, sched = _setup(demo_assets["model"])
+    ckpt.save(store, 4, model, opt, sched, {"rows_consumed": 4}, keep=1)
+    # kept: the newest complete one and the one Ray will delete itself; pruned: the rest
+    assert [n for n in store.list_dirs() if ckpt.step_of(n)] == [ckpt.dir_name(1), ckpt.dir_name(4)]
+    store.write_text("{}", ckpt.RAY_SNAPSHOT)  # Ray deleted step 1 and tracks nothing else
+    ckpt.save(store, 5, model, opt, sched, {"rows_consumed": 5}, keep=2)
+    assert [n for n in store.list_dirs() if ckpt.step_of(n)] == [ckpt.dir_name(4), ckpt.dir_name(5)]

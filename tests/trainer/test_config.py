@@ -71,7 +71,7 @@ def test_indivisible_global_batch_names_flags_and_suggests_a_fix():
 
 def test_run_name_is_derived_and_out_sets_storage_and_name(tmp_path):
     cfg = parse(BASE)
-    assert cfg.resolved_run_name == "m-d-seq2048-gb64-seed0"
+    assert cfg.resolved_run_name == f"m-d-seq2048-gb64-seed0-{cfg.result_digest}"
     cfg = parse(BASE + ["--out", str(tmp_path / "runs" / "exp1")])
     assert cfg.storage_path == str(tmp_path / "runs") and cfg.run_name == "exp1"
     assert cfg.run_uri == str(tmp_path / "runs" / "exp1")
@@ -265,3 +265,16 @@ def test_a_key_given_under_both_names_is_a_conflict(tmp_path):
     f.write_text("learning_rate: 1.0e-4\nlr: 2.0e-4\n")
     with pytest.raises(ConfigError, match="both 'lr' and its TRL/transformers name are given; keep one"):
         parse(["--config", str(f), *BASE])
+
+
+def test_default_run_names_of_a_sweep_differ_and_the_same_command_keeps_its_name():
+    """A sweep over --lr (or any setting that changes the result) never shares a run folder; settings
+    that only change how the run is executed or watched keep it, so the same command resumes."""
+    names = {parse(BASE + extra).resolved_run_name for extra in
+             ([], ["--lr", "2e-5"], ["--lr", "3e-5"], ["--warmup-steps", "5"], ["--train-on", "all"],
+              ["--overlong", "drop"], ["--steps", "100"])}
+    assert len(names) == 7, names
+    same = {parse(BASE + extra).resolved_run_name for extra in
+            ([], ["--log-every", "1"], ["--max-failures", "3"], ["--num-workers", "4", "--global-batch-size", "64"],
+             ["--no-progress"], ["--num-to-keep", "5"], ["--resume-anyway"])}
+    assert len(same) == 1, same

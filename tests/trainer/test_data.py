@@ -136,6 +136,27 @@ def test_tokenization_is_cached_per_data_tokenizer_and_seq_len(tmp_path, tokeniz
     assert isinstance(PackedData(data.folder).arrays["input_ids"], np.memmap)
 
 
+def test_the_same_data_written_again_or_elsewhere_reuses_its_rows_and_changed_data_replaces_them(tmp_path, tokenizer):
+    """What `trainer local` does on every run: the demo writes its data file again (a new mtime), in a new folder."""
+    import os
+
+    data, path = _packed(tmp_path, tokenizer)
+    os.utime(path, ns=(1, 1))  # written again: same bytes, another modification time
+    assert prepare(str(path), "train", tokenizer, 64, tmp_path / "cache").folder == data.folder
+    elsewhere = tmp_path / "run2" / "train.jsonl"
+    elsewhere.parent.mkdir()
+    elsewhere.write_bytes(path.read_bytes())
+    assert prepare(str(elsewhere), "train", tokenizer, 64, tmp_path / "cache").folder == data.folder
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[:-1]))  # one record less
+    changed = prepare(str(path), "train", tokenizer, 64, tmp_path / "cache")
+    assert changed.folder != data.folder
+    # the rows of the data this location held before are never read again: they go
+    assert [p.name for p in (tmp_path / "cache" / "data").iterdir()] == [changed.folder.name]
+    other_len = prepare(str(path), "train", tokenizer, 128, tmp_path / "cache")  # another seq_len: its own entry
+    assert sorted(p.name for p in (tmp_path / "cache" / "data").iterdir()) == sorted([changed.folder.name,
+                                                                                      other_len.folder.name])
+
+
 def test_bad_files_fail_with_the_file_and_the_fix(tmp_path):
     with pytest.raises(DataError, match="missing.jsonl.*not found; pass an existing .jsonl"):
         load_records(str(tmp_path / "missing.jsonl"))

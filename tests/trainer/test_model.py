@@ -87,11 +87,15 @@ def test_memory_forces_activation_checkpointing_only_when_one_sequence_does_not_
     assert models[0][1] == pytest.approx(models[1][1], rel=1e-5)
 
 
-def test_a_folder_without_weights_gets_a_random_init(process_group, demo_assets, tmp_path):
+def test_a_folder_without_weights_is_refused_unless_random_init_is_asked_for(process_group, demo_assets, tmp_path):
+    from trainer.model import ModelSourceError
+
     folder = tmp_path / "config-only"
     folder.mkdir()
     shutil.copy(demo_assets["model"] / "config.json", folder)
-    model = build_model(folder, device=torch.device("cpu"), use_gpu=False)
+    with pytest.raises(ModelSourceError, match=r"config-only.*no weight files.*--random-init"):
+        build_model(folder, device=torch.device("cpu"), use_gpu=False)
+    model = build_model(folder, device=torch.device("cpu"), use_gpu=False, random_init=True)
     w = model.model.layers[0].mlp.up_proj.weight.full_tensor()
     assert 0.01 < float(w.std()) < 0.03  # initializer_range 0.02
     assert torch.all(model.model.norm.weight.full_tensor() == 1)

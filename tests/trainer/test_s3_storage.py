@@ -228,3 +228,23 @@ def test_a_run_on_s3_fails_loudly_on_a_storage_error_and_resumes_from_the_last_c
     for folder in (ckpt.EXPORT_DIR, ckpt.dir_name(runs.STEPS)):
         store.download_dir(local / folder, folder)
     runs.assert_same_training(local, reference)
+
+
+def test_the_preflight_reads_s3_weight_headers_and_asks_the_bucket_without_writing(s3, demo_assets):
+    from trainer.model import ModelSourceError, check_weights
+    from trainer.storage import location_problem
+
+    s3.faults.clear()
+    fs = s3.filesystem()
+    store = Storage.from_uri(f"s3://{BUCKET}/models/tiny", fs=fs)
+    store.upload_dir(demo_assets["model"])
+    assert check_weights(f"s3://{BUCKET}/models/tiny", storage_fs=fs) == ["model.safetensors"]
+    weights = (demo_assets["model"] / "model.safetensors").read_bytes()
+    store.write_bytes(weights[: len(weights) // 2], "model.safetensors")  # an upload cut short
+    with pytest.raises(ModelSourceError, match=r"model.safetensors cannot be read \(its tensors end at byte \d+, "
+                                               r"the file has \d+ \(truncated\?\)\)"):
+        check_weights(f"s3://{BUCKET}/models/tiny", storage_fs=fs)
+    before = s3.keys("")
+    assert location_problem(f"s3://{BUCKET}/runs/new-run", fs) is None
+    assert "the bucket no-such-bucket does not exist" in location_problem("s3://no-such-bucket/runs/x", fs)
+    assert s3.keys("") == before  # asked, nothing written

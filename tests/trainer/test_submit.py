@@ -405,8 +405,7 @@ def test_a_gpu_jobs_nccl_debug_file_directory_exists_in_every_worker_before_nccl
 
     client = JobSubmissionClient(ray_cluster.dashboard_url)
     job = submit.submit_when_ready(client, entrypoint=submit.entrypoint(["probe.py", str(tmp_path / "runs")]),
-                                   runtime_env=spec,
-                                   submission_id="nccl-dir-probe")
+                                   runtime_env=spec, submission_id="nccl-dir-probe")  # the python with ray, as jobs
     deadline = time.monotonic() + 300
     while not client.get_job_status(job).is_terminal() and time.monotonic() < deadline:
         time.sleep(1)

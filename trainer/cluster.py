@@ -1,0 +1,102 @@
+"""The Ray cluster a run joins: reachable within seconds, and large enough, ever, for the run.
+
+`ray.init` waits minutes for an address nobody answers, and Ray Train waits forever for
+workers the cluster can never place (its startup timeout is retried without limit), so
+both are checked here first, naming what was asked and what exists.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Mapping
+
+from trainer.errors import UserError, first_line
+
+CONNECT_TIMEOUT_S = 5.0
+
+
+class ClusterError(UserError):
+    """The cluster cannot be reached, or can never run the job as asked."""
+
+
+def gcs_endpoint(address: str | None, environ: Mapping[str, str] | None = None) -> tuple[str, int] | None:
+    """(host, port) that `ray.init(address)` connects to, or None when Ray finds the cluster itself."""
+    env = os.environ if environ is None else environ
+    value = address if address not in (None, "", "auto") else env.get("RAY_ADDRESS", "")
+    if value in ("", "auto", "local"):
+        return None
+    if value.startswith(("http://", "https://")):
+        raise ClusterError(f"--address {value}: a dashboard URL; `trainer train` joins the cluster itself "
+                           f"(the head's GCS address, HOST:6379). Use `trainer submit --address {value}` to run "
+                           f"a job through the dashboard")
+    host_port = value.removeprefix("ray://")
+    host, sep, port = host_port.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ClusterError(f"--address {value}: expected HOST:PORT (the Ray head's GCS port, 6379 by default), "
+                           f"auto or local")
+    return host.strip("[]"), int(port)
+
+
+def check_reachable(address: str | None, timeout: float = CONNECT_TIMEOUT_S,
+                    environ: Mapping[str, str] | None = None) -> None:
+    """A TCP connection to the GCS within `timeout`, or ClusterError naming the address."""
+    endpoint = gcs_endpoint(address, environ)
+    if endpoint is None:
+        return
+    host, port = endpoint
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return
+    except OSError as e:
+        raise ClusterError(f"--address {host}:{port}: nothing answers there within {timeout:.0f} s "
+                           f"({first_line(e)}); check the address (the Ray head's GCS port, 6379 by default), "
+                           f"or that the cluster is up (`ray status`)") from None
+
+
+def ceilings(current: Mapping[str, float], autoscaler_max: Mapping[str, float] | None) -> tuple[dict, str]:
+    """The most of each resource the cluster can ever have, and where that comes from.
+
+    An autoscaling cluster (KubeRay's autoscaler keeps its node groups' maxima in the GCS)
+    can grow to its configured maximum; any other cluster has what it has now.
+    """
+    if autoscaler_max:
+        return {k: max(float(v), float(current.get(k, 0))) for k, v in {**current, **autoscaler_max}.items()}, \
+            "at most, with the autoscaler's node groups at their maximum"
+    return dict(current), "and cannot grow (no autoscaler)"
+
+
+def capacity_problem(need: Mapping[str, float], current: Mapping[str, float],
+                     autoscaler_max: Mapping[str, float] | None, *, num_workers: int) -> str | None:
+    """Why the run can never be placed, naming the ask and what exists; None when it can be."""
+    limit, how = ceilings(current, autoscaler_max)
+    short = {k: v for k, v in need.items() if v > limit.get(k, 0)}
+    if not short:
+        return None
+    name, asked = next(iter(short.items()))
+    have = int(limit.get(name, 0))
+    per_worker = asked / max(1, num_workers)
+    fits = int(have // per_worker) if per_worker else 0
+    fix = (f"use --num-workers {fits} or fewer" if fits else
+           ("there is no GPU in this cluster; use --device cpu, or a cluster with GPU nodes" if name == "GPU"
+            else f"the cluster has no {name}"))
+    later = "" if autoscaler_max else " (nodes still starting count once they have joined: `ray status`)"
+    return (f"--num-workers {num_workers} asks for {asked:g} {name} ({per_worker:g} per worker); the Ray cluster has "
+            f"{have} {name} {how}; {fix}, or add nodes to the cluster{later}")
+
+
+def check_capacity(num_workers: int, use_gpu: bool) -> None:
+    """Collective-free check against the connected cluster (ray.init first)."""
+    import ray
+    from ray.train import ScalingConfig
+
+    need = ScalingConfig(num_workers=num_workers, use_gpu=use_gpu).total_resources
+    try:
+        from ray._private.state import state
+
+        autoscaler_max = state.get_max_resources_from_cluster_config()
+    except Exception:  # noqa: BLE001 - a private API: without it, the current size is the ceiling
+        autoscaler_max = None
+    problem = capacity_problem(need, ray.cluster_resources(), autoscaler_max, num_workers=num_workers)
+    if problem:
+        raise ClusterError(problem)
