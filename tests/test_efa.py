@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from facts import errors
 from trainer import efa
+from trainer.__main__ import main as trainer_main
 from trainer.efa import Transport
 
 REPO = Path(__file__).resolve().parents[1]
@@ -125,7 +127,7 @@ def write(path: Path, lines: list[str]) -> Path:
 
 
 def run_cli(capsys, *args: str) -> tuple[int, str, str]:
-    code = efa.main(list(args))
+    code = trainer_main(["efa-check", *args])
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -136,7 +138,7 @@ def test_pure_efa_two_nodes_exit_0(tmp_path, capsys):
     a = write(tmp_path / "worker-a.out", node_log(NODE_A, 0))
     b = write(tmp_path / "worker-b.out", node_log(NODE_B, 4))
     code, out, _ = run_cli(capsys, str(a), str(b))
-    assert code == efa.EXIT_EFA == 0
+    assert code == errors.EXIT_OK == 0
     lines = out.splitlines()
     assert lines[0] == (f'EFA check: node {NODE_A}: EFA (libfabric, provider efa, aws-ofi-nccl 1.20.0; ranks 0-3)'
                         ' — evidence: "NET/OFI Selected provider is efa, fabric is efa (found 1 nics)" (+2 more)')
@@ -145,11 +147,11 @@ def test_pure_efa_two_nodes_exit_0(tmp_path, capsys):
     assert "PASS" in lines[-1]
 
 
-def test_socket_fallback_exit_3_with_causes(tmp_path, capsys):
+def test_socket_fallback_exit_5_with_causes(tmp_path, capsys):
     a = write(tmp_path / "worker-a.out", node_log(NODE_A, 0, net="socket"))
     b = write(tmp_path / "worker-b.out", node_log(NODE_B, 4, net="socket"))
     code, out, _ = run_cli(capsys, str(a), str(b))
-    assert code == efa.EXIT_SOCKET == 3
+    assert code == errors.EXIT_SOCKETS == 5
     assert f"EFA check: node {NODE_A}: SOCKET (fell back to TCP, network Socket; ranks 0-3)" in out
     assert f"EFA check: node {NODE_B}: SOCKET" in out
     assert f"FAIL — TCP socket fallback on node(s) {NODE_A}, {NODE_B}" in out
@@ -170,7 +172,7 @@ def test_bare_net_socket_line_next_to_ofi_selection_is_efa(tmp_path, capsys):
 def test_bare_net_socket_line_alone_proves_nothing(tmp_path, capsys):
     log = write(tmp_path / "one.log", [f"{NODE_A}:4200:4241 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.1.23<0>"])
     code, out, _ = run_cli(capsys, str(log))
-    assert code == efa.EXIT_NO_EVIDENCE
+    assert code == errors.EXIT_NO_PROOF
     assert f"node {NODE_A}: UNKNOWN (no NCCL transport lines; 1 process)" in out
 
 
@@ -184,7 +186,7 @@ def test_no_transport_lines_exit_4(tmp_path, capsys):
     ]
     log = write(tmp_path / "worker.out", lines)
     code, out, _ = run_cli(capsys, str(log))
-    assert code == efa.EXIT_NO_EVIDENCE == 4
+    assert code == errors.EXIT_NO_PROOF == 4
     assert f"EFA check: node {NODE_A}: UNKNOWN" in out
     assert "NCCL_DEBUG=INFO" in out
 
@@ -196,11 +198,11 @@ def test_log_without_any_nccl_line_exit_4(tmp_path, capsys):
     assert "no NCCL transport lines" in out
 
 
-def test_mixed_efa_and_socket_names_the_socket_node_exit_3(tmp_path, capsys):
+def test_mixed_efa_and_socket_names_the_socket_node_exit_5(tmp_path, capsys):
     a = write(tmp_path / "worker-a.out", node_log(NODE_A, 0))
     b = write(tmp_path / "worker-b.out", node_log(NODE_B, 4, net="socket"))
     code, out, _ = run_cli(capsys, str(a), str(b))
-    assert code == 3
+    assert code == 5
     lines = out.splitlines()
     assert lines[0].startswith(f"EFA check: node {NODE_A}: EFA (")
     assert lines[1].startswith(f"EFA check: node {NODE_B}: SOCKET (")
@@ -212,7 +214,7 @@ def test_missing_file_exit_2_names_it_and_prints_no_verdict(tmp_path, capsys):
     good = write(tmp_path / "worker-a.out", node_log(NODE_A, 0))
     missing = tmp_path / "nccl.ip-10-0-1-57.4204.log"
     code, out, err = run_cli(capsys, str(good), str(missing))
-    assert code == efa.EXIT_USAGE == 2
+    assert code == errors.EXIT_USAGE == 2
     assert out == ""
     assert str(missing) in err and "does not exist" in err
 
@@ -244,7 +246,7 @@ def test_usage_errors_and_help(capsys):
     assert code == 0
     assert "python -m trainer efa-check" in out
     assert "SHM_ONLY" in out and "prove nothing about EFA" in out
-    for c in ("0  EFA", "3  a fallback", "4  no proof", "2  usage error"):
+    for c in ("0  EFA", "5  a fallback", "4  no proof", "2  usage error"):
         assert c in out
 
 
@@ -258,11 +260,11 @@ def test_single_node_is_shm_only_exit_4(tmp_path, capsys):
     assert "single-node" in out
 
 
-def test_module_runs_as_script(tmp_path):
+def test_command_runs_in_a_fresh_interpreter(tmp_path):
     log = write(tmp_path / "mixed.out", node_log(NODE_A, 0) + node_log(NODE_B, 4, net="no-plugin"))
-    proc = subprocess.run([sys.executable, "-m", "trainer.efa", str(log)], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "trainer", "efa-check", str(log)], cwd=REPO,
                           capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 3, proc.stderr
+    assert proc.returncode == 5, proc.stderr
     assert f"node {NODE_B}: SOCKET" in proc.stdout
     assert "NCCL_NET_PLUGIN" in proc.stdout
 
@@ -346,7 +348,7 @@ def test_one_socket_rank_makes_its_node_socket():
     node = report.node(NODE_A)
     assert node.transport is Transport.SOCKET
     assert [r.rank for r in node.deciding] == [3]
-    assert report.transport is Transport.SOCKET and efa.exit_code(report) == 3
+    assert report.transport is Transport.SOCKET and efa.exit_code(report) == errors.EXIT_SOCKETS
 
 
 # --- require_efa ------------------------------------------------------------------------

@@ -1,44 +1,63 @@
-"""`python -m trainer <command>`: one entry point, commands imported only when used."""
+"""`python -m trainer <command>` and the `trainer` console script: the one entry point of every command.
+
+Each command's module is imported only when it runs, and every command runs through the one
+wrapper of facts.errors: a user error prints as `error: ...` and exits with its code (README, Exit codes).
+"""
 
 from __future__ import annotations
 
 import importlib
 import sys
+from dataclasses import dataclass
 
-# command -> (module, function taking argv and returning an exit code)
-COMMANDS: dict[str, tuple[str, str, str]] = {
-    "local": ("trainer.local", "main", "fine-tune a tiny model on a local CPU Ray cluster (start here)"),
-    "data": ("trainer.datacheck", "main", "validate a dataset as the job will: counts and rendered examples"),
-    "train": ("trainer.launch", "main", "run a training job on a running Ray cluster"),
-    "submit": ("trainer.submit", "main", "submit a run to a Ray cluster as a Ray job and follow it"),
-    "status": ("trainer.submit", "status_main", "show a submitted run's status"),
-    "logs": ("trainer.submit", "logs_main", "stream a submitted run's logs"),
-    "stop": ("trainer.submit", "stop_main", "stop a submitted run"),
-    "efa-check": ("trainer.efa", "main", "decide from NCCL debug logs whether collectives used EFA"),
-    "nccl-bench": ("trainer.submit", "bench_main", "all-reduce bandwidth across every worker, as a Ray job"),
+from facts import errors
+
+
+@dataclass(frozen=True)
+class Command:
+    module: str
+    function: str  # takes the arguments after the command's name, returns an exit code
+    help: str
+    listed: bool = True  # False: run by the project itself (a job's entry point), not by users
+
+
+COMMANDS: dict[str, Command] = {
+    "local": Command("trainer.local", "main", "fine-tune a tiny model on a local CPU Ray cluster (start here)"),
+    "data": Command("trainer.datacheck", "main", "validate a dataset as the job will: counts and rendered examples"),
+    "train": Command("trainer.launch", "main", "run a training job on a running Ray cluster"),
+    "submit": Command("trainer.submit", "main", "submit a run to a Ray cluster as a Ray job and follow it"),
+    "status": Command("trainer.submit", "status_main", "show a submitted run's status"),
+    "logs": Command("trainer.submit", "logs_main", "stream a submitted run's logs"),
+    "stop": Command("trainer.submit", "stop_main", "stop a submitted run"),
+    "efa-check": Command("trainer.efa", "main", "decide from NCCL debug logs whether collectives used EFA"),
+    "nccl-bench": Command("trainer.submit", "bench_main", "all-reduce bandwidth across every worker, as a Ray job"),
+    "bench": Command("trainer.bench", "main", "throughput benchmarks: the step against transformers' Trainer, "
+                                              "padding, communication, Ray against torchrun"),
+    "flags": Command("trainer.config", "main", "print the README's table of training flags"),
+    "nccl-bench-job": Command("trainer.nccl_bench", "main", "the nccl-bench job on the cluster", listed=False),
 }
 
 
 def usage() -> str:
     lines = ["usage: python -m trainer <command> [options]", "", "commands:"]
-    lines += [f"  {name:<10} {help_}" for name, (_, _, help_) in COMMANDS.items()]
+    lines += [f"  {name:<10} {c.help}" for name, c in COMMANDS.items() if c.listed]
     lines += ["", "python -m trainer <command> --help shows a command's options."]
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def dispatch(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
-        return 0 if argv else 2
+        return errors.EXIT_OK if argv else errors.EXIT_USAGE
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"error: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
-        return 2
-    from trainer.errors import cli
+        raise errors.UserError(f"unknown command {name!r}\n\n{usage()}")
+    command = COMMANDS[name]
+    return getattr(importlib.import_module(command.module), command.function)(rest)
 
-    module, func, _ = COMMANDS[name]
-    return cli(getattr(importlib.import_module(module), func))(rest)
+
+def main(argv: list[str] | None = None) -> int:
+    return errors.run(dispatch, argv)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import os
 import socket
 from typing import Mapping
 
-from trainer.errors import UserError, first_line
+from facts.errors import UserError, first_line
 
 CONNECT_TIMEOUT_S = 5.0
 

@@ -1,10 +1,16 @@
-"""The training configuration: one frozen, typed object built from flags and YAML.
+"""The training configuration: every flag declared once, as a field of one frozen, typed object.
 
-Precedence is defaults < YAML file (``--config FILE``) < command-line flags. All
-problems are collected and raised together as one ``ConfigError`` naming each flag
-and key, so a user fixes a job in one pass instead of one cluster submission per
-mistake. Checks that need to read the model or the dataset live in ``preflight``
-(trainer.launch); this module does no I/O beyond reading the YAML file.
+Each field of TrainConfig is a training flag: its type, its default, and (through `setting`) its
+help, its check, its choices, the TRL/transformers YAML keys that set it, the names users bring
+from elsewhere and whether a resume may change it. The argparse flags, the YAML reader (with
+trainer.hf_args' key mapping), the "did you mean" hints and the README's table of training flags
+(`python -m trainer flags`) all derive from these declarations.
+
+Precedence is defaults < YAML file (``--config FILE``) < command-line flags. All problems are
+collected (facts.errors.Problems) and raised together as one ConfigError naming each flag and
+key, so a user fixes a job in one pass instead of one cluster submission per mistake. Checks
+that need to read the model or the dataset live in the pre-flight (trainer.launch); this module
+does no I/O beyond reading the YAML file.
 """
 
 from __future__ import annotations
@@ -12,82 +18,212 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import hashlib
+import json
 import os
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-from trainer.errors import UserError
+from facts.errors import Problems, ProblemsError
 
-SCHEDULES = ("cosine", "linear", "constant")
-DEVICES = ("cpu", "gpu")
-ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
-SHARDINGS = ("auto", "full", "hybrid")
-TRAIN_ON = ("completion", "all")
-REPORT_TO = ("tensorboard", "wandb", "mlflow")
-OVERLONG = ("truncate", "drop")
 AUTO = "auto"
+REPORT_TO = ("tensorboard", "wandb", "mlflow")
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
-class ConfigError(UserError, ValueError):
+class ConfigError(ProblemsError):
     """Every problem with a training configuration, one per line."""
 
-    def __init__(self, problems: Sequence[str]):
-        self.problems = list(problems)
-        lines = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(f"invalid training configuration ({len(self.problems)} problem(s)):\n{lines}")
+    title = "invalid training configuration"
 
-    def __reduce__(self):  # a worker's error travels to the driver pickled
-        return (type(self), (self.problems,))
+
+# --- the declarations ---------------------------------------------------------------------------
+
+Check = Callable[[Any], "str | None"]  # why a value is wrong, with the fix; None when it is fine
+
+
+@dataclass(frozen=True)
+class Flag:
+    """What a TrainConfig field declares besides its type and default (see `setting`)."""
+
+    help: str
+    check: Check | None = None
+    choices: tuple[str, ...] = ()
+    trl: tuple[str, ...] = ()          # TRL SFTConfig / TrainingArguments keys that set it (trainer.hf_args)
+    aliases: tuple[str, ...] = ()      # names from elsewhere that mean it, for "did you mean"
+    result: bool = True                # changes what the run computes: a resume must keep it
+    shown_default: str | None = None   # the README's default where the value itself says too little
+
+
+def setting(default: Any, help: str, **flag: Any) -> Any:
+    """A TrainConfig field with its declaration (Flag's arguments)."""
+    return field(default=default, metadata={"flag": Flag(help, **flag)})
+
+
+def at_least(lo: int, fix: str = "") -> Check:
+    return lambda v: None if v is None or v >= lo else f"must be at least {lo}{fix}"
+
+
+def not_negative(v: Any) -> str | None:
+    return None if v is None or v >= 0 else "must be 0 or more"
+
+
+def positive(v: Any) -> str | None:
+    return None if v is None or v > 0 else "must be positive"
+
+
+def required(what: str) -> Check:
+    return lambda v: None if v else f"required; pass {what}"
+
+
+def _micro_batch(v: Any) -> str | None:
+    if v == AUTO or (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+        return None
+    return ("must be a positive integer or auto; pass e.g. --micro-batch-size 2, or auto for the largest "
+            "micro-batch that fits in memory")
+
+
+def _report_to(v: str) -> str | None:
+    names = [n.strip() for n in v.split(",") if n.strip()]
+    unknown = [n for n in names if n not in REPORT_TO and names != ["none"]]
+    if unknown or not names:
+        return (f"comma-separated names of {', '.join(REPORT_TO)}, or none"
+                + (f" (unknown: {', '.join(unknown)})" if unknown else ""))
+    return None
+
+
+def _storage_path(v: str) -> str | None:
+    if not v:
+        return "required: a local folder or an s3:// prefix"
+    if "://" in v and not v.startswith(("s3://", "file://", "gs://")):
+        return "supported schemes are a local path, s3:// (or gs://, file://)"
+    return None
+
+
+def _run_name(v: str | None) -> str | None:
+    if v is None or _RUN_NAME.match(v):
+        return None
+    return "use letters, digits, '.', '_' or '-' (at most 128), starting with a letter or digit"
+
+
+def _instance_type(v: str | None) -> str | None:
+    from facts.catalog import GPU_TYPES
+
+    if v is None or v in GPU_TYPES:
+        return None
+    return f"unknown; use one of {', '.join(sorted(GPU_TYPES))}"
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    model: str = ""
-    dataset: str = ""
-    tokenizer: str | None = None
-    dataset_split: str = "train"
-    dataset_config: str | None = None
-    dataset_text_field: str = "text"
-    train_on: str = "completion"
-    chat_template: str | None = None
-    seq_len: int = 2048
-    overlong: str = "truncate"
-    global_batch_size: int = 64
-    micro_batch_size: int | str = AUTO
-    steps: int | None = None
-    epochs: int | None = None
-    lr: float = 1e-5
-    min_lr_ratio: float = 0.0
-    warmup_steps: int = 0
-    warmup_ratio: float = 0.0
-    schedule: str = "cosine"
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    seed: int = 0
-    log_every: int = 10
-    report_to: str = "tensorboard"
-    checkpoint_every: int = 0
-    num_to_keep: int = 2
-    max_failures: int = 0
-    storage_path: str = "runs"
-    run_name: str | None = None
-    num_workers: int = 2
-    device: str = "cpu"
-    activation_checkpointing: bool = False
-    attn_implementation: str = "sdpa"
-    cache_dir: str | None = None
-    peak_tflops: float | None = None
-    export: bool = True
-    progress: bool = True
-    fail_at_step: int = 0
-    sharding: str = "auto"
-    shard_size: int = 0
-    instance_type: str | None = None
-    random_init: bool = False
-    resume_anyway: bool = False
+    model: str = setting("", "Hugging Face hub id, local folder or s3:// prefix of the model to fine-tune",
+                         check=required("a hub id, a local model folder or an s3:// prefix"),
+                         trl=("model_name_or_path",), shown_default="required")
+    dataset: str = setting("", "training data: hub id, a .jsonl/.json/.parquet/.csv file, a folder of shards, "
+                               "save_to_disk output, or an s3:// URI of one; records in TRL's formats (messages, "
+                               "prompt/completion, text)",
+                           check=required("a hub id, a .jsonl/.json/.parquet/.csv file, a folder of them, "
+                                          "save_to_disk output or an s3:// URI"),
+                           trl=("dataset_name",), shown_default="required")
+    tokenizer: str | None = setting(None, "tokenizer location if different from --model",
+                                    shown_default="the model's")
+    dataset_split: str = setting("train", "split to read (datasets' slicing works: train[:1000])",
+                                 trl=("dataset_train_split",))
+    dataset_config: str | None = setting(None, "hub dataset configuration (subset) name", trl=("dataset_config",))
+    dataset_text_field: str = setting("text", "field of language-modelling records (trained on all tokens)",
+                                      check=lambda v: None if v else "must not be empty",
+                                      trl=("dataset_text_field",))
+    train_on: str = setting("completion", "trained tokens: completion (prompt/completion completions and assistant "
+                                          "turns; text records: all) or all",
+                            choices=("completion", "all"), trl=("assistant_only_loss", "completion_only_loss"))
+    chat_template: str | None = setting(None, "Jinja chat template file (local or s3://) to use instead of the "
+                                              "tokenizer's", trl=("chat_template_path",),
+                                        shown_default="the tokenizer's")
+    seq_len: int = setting(2048, "packed sequence length in tokens", check=at_least(1),
+                           trl=("max_length", "max_seq_length"), aliases=("sequence_length",))
+    overlong: str = setting("truncate", "records longer than --seq-len: truncate (keep their start) or drop; both "
+                                        "are counted and reported", choices=("truncate", "drop"))
+    global_batch_size: int = setting(64, "sequences per optimizer step, the same for any number of workers "
+                                         "(gradient accumulation fills the gap)", check=at_least(1),
+                                     trl=("gradient_accumulation_steps",), aliases=("batch_size",))
+    micro_batch_size: int | str = setting(AUTO, "sequences per forward/backward pass on one worker: a positive "
+                                                "integer, or auto for the largest divisor of the worker's share "
+                                                "that fits in memory (measured on GPU, estimated on CPU)",
+                                          check=_micro_batch, trl=("per_device_train_batch_size",),
+                                          aliases=("micro_batch", "per_device_batch_size"), result=False)
+    steps: int | None = setting(None, "optimizer steps to run (mutually exclusive with --epochs)", check=at_least(1),
+                                trl=("max_steps",), shown_default="one epoch")
+    epochs: int | None = setting(None, "passes over the packed dataset (default 1 when --steps is not given)",
+                                 check=at_least(1), trl=("num_train_epochs",), aliases=("num_epochs", "epoch"))
+    lr: float = setting(1e-5, "peak learning rate", check=positive, trl=("learning_rate",))
+    min_lr_ratio: float = setting(0.0, "final learning rate as a fraction of --lr (cosine/linear)",
+                                  check=lambda v: None if 0.0 <= v <= 1.0 else "must be between 0 and 1",
+                                  trl=("lr_scheduler_kwargs",))
+    warmup_steps: int = setting(0, "linear warm-up steps", check=not_negative, trl=("warmup_steps",),
+                                aliases=("warmup",))
+    warmup_ratio: float = setting(0.0, "linear warm-up as a fraction of the run's steps (when --warmup-steps is 0)",
+                                  check=lambda v: None if 0.0 <= v < 1.0 else "must be at least 0 and below 1",
+                                  trl=("warmup_ratio",))
+    schedule: str = setting("cosine", "learning-rate schedule after warm-up", choices=("cosine", "linear", "constant"),
+                            trl=("lr_scheduler_type",), aliases=("scheduler",))
+    weight_decay: float = setting(0.0, "AdamW weight decay", check=not_negative, trl=("weight_decay",))
+    grad_clip: float = setting(1.0, "clip the global gradient norm to this value (0 disables)",
+                               check=lambda v: None if v >= 0 else "must be 0 (off) or positive",
+                               trl=("max_grad_norm",), aliases=("clip_grad",))
+    seed: int = setting(0, "random seed (model init, data order)", check=not_negative, trl=("seed",))
+    log_every: int = setting(10, "log metrics (metrics.jsonl, --report-to backends, Ray) every N steps",
+                             check=at_least(1), trl=("logging_steps",), aliases=("log_steps",), result=False)
+    report_to: str = setting("tensorboard", "metrics backends, comma-separated: tensorboard, wandb, mlflow, or none "
+                                            "(metrics.jsonl only)", check=_report_to, trl=("report_to",), result=False)
+    checkpoint_every: int = setting(0, "save a sharded checkpoint every N steps (0: only at the end)",
+                                    check=not_negative, trl=("save_steps",), aliases=("save_every",), result=False)
+    num_to_keep: int = setting(2, "checkpoints Ray keeps in storage",
+                               check=at_least(1, " (the latest checkpoint is needed to resume)"),
+                               trl=("save_total_limit",), result=False)
+    max_failures: int = setting(0, "worker-group restarts after a worker, node or storage failure, each resuming "
+                                   "from the last checkpoint", check=not_negative, result=False)
+    storage_path: str = setting("runs", "local folder or s3:// prefix holding runs", check=_storage_path,
+                                result=False, shown_default="`runs`; `submit --stack`: the stack's bucket; on the cluster: its "
+                                              "`CHECKPOINT_URI`")
+    run_name: str | None = setting(None, "run name (folder under --storage-path); resubmitting the same name resumes",
+                                   check=_run_name, trl=("run_name",), result=False,
+                                   shown_default="from the model, data and a digest of the settings that change "
+                                                 "the result")
+    num_workers: int = setting(2, "number of training workers (one per GPU, or CPU processes)", check=at_least(1),
+                               aliases=("workers", "gpus"), result=False,
+                               shown_default="`2`; `submit --stack`: every GPU of the stack")
+    device: str = setting("cpu", "train on GPUs with NCCL or CPUs with gloo", choices=("cpu", "gpu"),
+                          shown_default="`cpu`; `submit --stack`: `gpu`")
+    activation_checkpointing: bool = setting(False, "recompute decoder-layer activations in backward to save "
+                                                    "memory (with --micro-batch-size auto it is turned on by itself "
+                                                    "when not one sequence fits)",
+                                             trl=("gradient_checkpointing",), result=False)
+    attn_implementation: str = setting("sdpa", "transformers attention implementation (must honour packed "
+                                               "position ids)",
+                                       choices=("sdpa", "eager", "flash_attention_2", "flash_attention_3",
+                                                "flex_attention"), trl=("attn_implementation",), result=False)
+    cache_dir: str | None = setting(None, "per-node cache for downloaded models and tokenized data", result=False,
+                                    shown_default="`TRAINER_CACHE`, else `~/.cache/trainer`")
+    peak_tflops: float | None = setting(None, "device peak dense TFLOP/s for MFU", check=positive, result=False,
+                                        shown_default="looked up from the device name")
+    export: bool = setting(True, "export a Hugging Face model folder at the end", result=False)
+    progress: bool = setting(True, "show a progress bar on rank 0", result=False)
+    fail_at_step: int = setting(0, "testing aid: raise once at this step (first attempt only) to exercise recovery",
+                                check=not_negative, result=False)
+    sharding: str = setting(AUTO, "FSDP2 sharding: full (over all workers), hybrid (shard inside a node, replicate "
+                                  "across nodes) or auto (hybrid when the communication estimate for "
+                                  "--instance-type favours it)", choices=(AUTO, "full", "hybrid"), result=False)
+    shard_size: int = setting(0, "workers per shard group for hybrid sharding (0: the workers of one node)",
+                              check=lambda v: None if v >= 0 else "must be 0 (the workers of one node) or positive",
+                              result=False)
+    instance_type: str | None = setting(None, "GPU instance type of the workers, for the communication estimate "
+                                              "(e.g. g6.12xlarge)", check=_instance_type, result=False)
+    random_init: bool = setting(False, "train from the config's random initialisation instead of the model's "
+                                       "weights (a model without weight files is an error otherwise)")
+    resume_anyway: bool = setting(False, "continue a run whose folder holds a run started with other settings, "
+                                         "data or model (refused otherwise, listing what differs)", result=False)
 
     @property
     def reporters(self) -> tuple[str, ...]:
@@ -107,8 +243,8 @@ class TrainConfig:
 
     @property
     def micro_batch_auto(self) -> bool:
-        """`--micro-batch-size auto`: each worker picks the largest micro-batch that fits (trainer.loop)."""
-        return isinstance(self.micro_batch_size, str) and self.micro_batch_size.strip().lower() == AUTO
+        """`--micro-batch-size auto`: each worker picks the largest micro-batch that fits (trainer.memory)."""
+        return self.micro_batch_size == AUTO
 
     def grad_accum_for(self, micro_batch: int) -> int:
         """Micro-batches per rank per step: keeps the global batch fixed for any worker count."""
@@ -137,14 +273,11 @@ class TrainConfig:
 
     @property
     def result_settings(self) -> dict[str, Any]:
-        """The settings that change what the run computes (a resume must keep them): all but RUN_SETTINGS."""
-        return {k: v for k, v in self.to_dict().items() if k not in RUN_SETTINGS}
+        """The settings that change what the run computes (a resume must keep them)."""
+        return {k: v for k, v in self.to_dict().items() if FLAGS[k].result}
 
     @property
     def result_digest(self) -> str:
-        import hashlib
-        import json
-
         return hashlib.sha256(json.dumps(self.result_settings, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
     @property
@@ -155,6 +288,10 @@ class TrainConfig:
     def run_uri(self) -> str:
         """Where this run's checkpoints, metrics and exported model live (local path or s3://)."""
         return join_uri(self.storage_path, self.resolved_run_name)
+
+    def total_steps(self, steps_per_epoch: int) -> int:
+        """--steps, else --epochs (default 1) passes over the packed data."""
+        return self.steps if self.steps is not None else (self.epochs or 1) * steps_per_epoch
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -167,16 +304,30 @@ class TrainConfig:
         return cls(**values)
 
 
-# Settings that change how a run is executed, watched or stored, not what it computes: a resume may change them.
-RUN_SETTINGS = frozenset({
-    "log_every", "progress", "report_to", "max_failures", "num_to_keep", "checkpoint_every", "storage_path",
-    "run_name", "cache_dir", "peak_tflops", "export", "fail_at_step", "num_workers", "micro_batch_size",
-    "activation_checkpointing", "attn_implementation", "sharding", "shard_size", "instance_type", "resume_anyway",
-})
+FLAGS: dict[str, Flag] = {f.name: f.metadata["flag"] for f in fields(TrainConfig)}
+_KINDS: dict[str, str] = {f.name: str(f.type) for f in fields(TrainConfig)}
+# Command-line arguments that are not settings: they say where settings come from or go.
+@dataclass(frozen=True)
+class Argument:
+    metavar: str
+    help: str
+    trl: tuple[str, ...] = ()
+
+
+EXTRA_ARGUMENTS = {
+    "config": Argument("FILE", "YAML file with configuration keys (this trainer's, or TRL/transformers'; flags "
+                               "override it)"),
+    "out": Argument("DIR", "run folder (local or s3://): sets --storage-path to its parent and --run-name to its "
+                           "name", trl=("output_dir",)),
+}
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def micro_batch_value(value: Any) -> Any:
-    """`auto` in any case, or a whole number from text or YAML; anything else is kept for `validate` to name."""
+    """`auto` in any case, or a whole number from text or YAML; anything else is kept for the check to name."""
     if isinstance(value, str):
         text = value.strip()
         if text.lower() == AUTO:
@@ -201,109 +352,47 @@ def is_remote(uri: str) -> bool:
     return "://" in uri and not uri.startswith("file://")
 
 
-_FLAG_HELP: dict[str, str] = {
-    "model": "Hugging Face hub id, local folder or s3:// prefix of the model to fine-tune",
-    "dataset": "training data: hub id, a .jsonl/.json/.parquet/.csv file, a folder of shards, save_to_disk output, "
-               "or an s3:// URI of one; records in TRL's formats (messages, prompt/completion, text)",
-    "tokenizer": "tokenizer location if different from --model",
-    "dataset_split": "split to read (datasets' slicing works: train[:1000])",
-    "dataset_config": "hub dataset configuration (subset) name",
-    "dataset_text_field": "field of language-modelling records (trained on all tokens)",
-    "train_on": "trained tokens: completion (prompt/completion completions and assistant turns; text records: all) "
-                "or all",
-    "chat_template": "Jinja chat template file (local or s3://) to use instead of the tokenizer's",
-    "seq_len": "packed sequence length in tokens",
-    "overlong": "records longer than --seq-len: truncate (keep their start) or drop; both are counted and reported",
-    "global_batch_size": "sequences per optimizer step, the same for any number of workers",
-    "micro_batch_size": "sequences per forward/backward pass on one worker: a positive integer, or auto for "
-                        "the largest divisor of the worker's share that fits in memory (measured on GPU, "
-                        "estimated on CPU)",
-    "steps": "optimizer steps to run (mutually exclusive with --epochs)",
-    "epochs": "passes over the packed dataset (default 1 when --steps is not given)",
-    "lr": "peak learning rate",
-    "min_lr_ratio": "final learning rate as a fraction of --lr (cosine/linear)",
-    "warmup_steps": "linear warm-up steps",
-    "warmup_ratio": "linear warm-up as a fraction of the run's steps (when --warmup-steps is 0)",
-    "schedule": "learning-rate schedule after warm-up",
-    "weight_decay": "AdamW weight decay",
-    "grad_clip": "clip the global gradient norm to this value (0 disables)",
-    "seed": "random seed (model init, data order)",
-    "log_every": "log metrics (metrics.jsonl, --report-to backends, Ray) every N steps",
-    "report_to": "metrics backends, comma-separated: tensorboard, wandb, mlflow, or none (metrics.jsonl only)",
-    "checkpoint_every": "save a sharded checkpoint every N steps (0: only at the end)",
-    "num_to_keep": "checkpoints Ray keeps in storage",
-    "max_failures": "worker-group restarts Ray Train attempts, resuming from the last checkpoint",
-    "storage_path": "local folder or s3:// prefix holding runs",
-    "run_name": "run name (folder under --storage-path); resubmitting the same name resumes",
-    "num_workers": "number of training workers (one per GPU, or CPU processes)",
-    "device": "train on GPUs with NCCL or CPUs with gloo",
-    "activation_checkpointing": "recompute decoder-layer activations in backward to save memory (with "
-                                "--micro-batch-size auto it is turned on by itself when not one sequence fits)",
-    "attn_implementation": "transformers attention implementation (must honour packed position ids)",
-    "cache_dir": "per-node cache for downloaded models and tokenized data (default ~/.cache/trainer)",
-    "peak_tflops": "device peak dense TFLOP/s for MFU (default: looked up from the device name)",
-    "export": "export a Hugging Face model folder at the end",
-    "progress": "show a progress bar on rank 0",
-    "fail_at_step": "testing aid: raise once at this step (first attempt only) to exercise recovery",
-    "sharding": "FSDP2 sharding: full (over all workers), hybrid (shard inside a node, replicate across nodes) "
-                "or auto (hybrid when the communication estimate for --instance-type favours it)",
-    "shard_size": "workers per shard group for hybrid sharding (0: the workers of one node)",
-    "instance_type": "GPU instance type of the workers, for the communication estimate (e.g. g6.12xlarge)",
-    "random_init": "train from the config's random initialisation instead of the model's weights (a model "
-                   "without weight files is an error otherwise)",
-    "resume_anyway": "continue a run whose folder holds a run started with other settings, data or model "
-                     "(refused otherwise, listing what differs)",
-}
+def close_names() -> set[str]:
+    """Every name a YAML key may be near: ours, their aliases, and the TRL/transformers keys mapped."""
+    from trainer import hf_args
 
-# Names users bring from elsewhere that are neither ours nor TRL's/transformers', for "did you mean" hints.
-_ALIASES = {
-    "num_epochs": "epochs", "epoch": "epochs", "batch_size": "global_batch_size", "micro_batch": "micro_batch_size",
-    "per_device_batch_size": "micro_batch_size", "sequence_length": "seq_len", "warmup": "warmup_steps",
-    "workers": "num_workers", "gpus": "num_workers", "save_every": "checkpoint_every", "log_steps": "log_every",
-    "scheduler": "schedule", "clip_grad": "grad_clip",
-}
-
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "schedule": SCHEDULES,
-    "device": DEVICES,
-    "attn_implementation": ATTN_IMPLEMENTATIONS,
-    "sharding": SHARDINGS,
-    "train_on": TRAIN_ON,
-    "overlong": OVERLONG,
-}
+    return set(FLAGS) | hf_args.known_keys()
 
 
-def _field_types() -> dict[str, str]:
-    return {f.name: str(f.type) for f in fields(TrainConfig)}
+def did_you_mean(name: str) -> str:
+    """The hint for an unknown key: an alias's flag, else the closest known name, else the known keys."""
+    aliases = {alias: own for own, f in FLAGS.items() for alias in f.aliases}
+    close = [aliases[name]] if name in aliases else difflib.get_close_matches(name, sorted(close_names()), n=1,
+                                                                             cutoff=0.75)
+    return f" (did you mean {close[0]!r}?)" if close else f"; known keys: {', '.join(sorted(FLAGS))}"
 
 
-def flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+# --- flags and YAML -----------------------------------------------------------------------------
+
+def _base(kind: str) -> str:
+    return kind.replace(" | None", "")
 
 
 def add_arguments(parser: argparse.ArgumentParser, defaults: Mapping[str, Any] | None = None) -> None:
-    """Add one flag per TrainConfig field; unset flags stay absent so YAML can fill them."""
+    """One flag per declaration; unset flags stay absent so YAML can fill them. `defaults`: shown in --help."""
     defaults = dict(defaults or {})
-    parser.add_argument("--config", metavar="FILE", help="YAML file with configuration keys (flags override it)")
-    parser.add_argument("--out", metavar="DIR", default=argparse.SUPPRESS,
-                        help="run folder (local or s3://): sets --storage-path to its parent and --run-name to its name")
-    for f in fields(TrainConfig):
-        kind = str(f.type)
-        default = defaults.get(f.name, f.default)
-        help_text = f"{_FLAG_HELP.get(f.name, '')} (default: {default})"
-        kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": help_text}
+    for name, arg in EXTRA_ARGUMENTS.items():
+        shown = f" (default: {defaults[name]})" if name in defaults else ""
+        parser.add_argument(flag(name), metavar=arg.metavar, default=None if name == "config" else argparse.SUPPRESS,
+                            help=arg.help + shown)
+    for name, f in FLAGS.items():
+        kind = _base(_KINDS[name])
+        default = defaults.get(name, dataclasses.MISSING)
+        if default is dataclasses.MISSING:
+            default = next(x.default for x in fields(TrainConfig) if x.name == name)
+        kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": f"{f.help} (default: {default})"}
         if kind == "bool":
-            parser.add_argument(flag(f.name), action=argparse.BooleanOptionalAction, **kwargs)
+            parser.add_argument(flag(name), action=argparse.BooleanOptionalAction, **kwargs)
             continue
-        if f.name == "micro_batch_size":
-            kwargs["type"] = micro_batch_value
-        elif "int" in kind:
-            kwargs["type"] = int
-        elif "float" in kind:
-            kwargs["type"] = float
-        if f.name in _CHOICES:
-            kwargs["choices"] = _CHOICES[f.name]
-        parser.add_argument(flag(f.name), **kwargs)
+        kwargs["type"] = {"int": int, "float": float, "int | str": micro_batch_value}.get(kind, str)
+        if f.choices:
+            kwargs["choices"] = f.choices
+        parser.add_argument(flag(name), **kwargs)
 
 
 def load_yaml(path: str) -> dict[str, Any]:
@@ -321,37 +410,41 @@ def load_yaml(path: str) -> dict[str, Any]:
     return data
 
 
-def _coerce(name: str, value: Any, problems: list[str], source: str) -> Any:
-    kind = _field_types()[name]
+def yaml_keys(path: str | None) -> set[str]:
+    """The settings a --config file names (its keys with dashes as underscores)."""
+    return {str(k).replace("-", "_") for k in load_yaml(path)} if path else set()
+
+
+_TRUE, _FALSE = ("true", "yes", "1", "on"), ("false", "no", "0", "off")
+
+
+def coerce(name: str, value: Any, problems: Problems, source: str) -> Any:
+    """A YAML value as the declared type; a problem naming the key when it is not one."""
+    kind = _KINDS[name]
     if value is None:
-        if "None" in kind:
-            return None
-        problems.append(f"{source} {name}: must not be empty")
+        if "None" not in kind:
+            problems.append(f"{source} {name}: must not be empty")
         return None
-    if name == "micro_batch_size":
+    kind = _base(kind)
+    if kind == "int | str":
         return micro_batch_value(value)
-    try:
-        if kind == "bool":
-            if isinstance(value, bool):
-                return value
-            if str(value).lower() in ("true", "yes", "1", "on"):
-                return True
-            if str(value).lower() in ("false", "no", "0", "off"):
-                return False
-            raise ValueError
-        if "int" in kind:
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError
+    text = str(value).lower()
+    if kind == "bool" and (isinstance(value, bool) or text in _TRUE + _FALSE):
+        return value if isinstance(value, bool) else text in _TRUE
+    if kind == "int" and not isinstance(value, bool) and not (isinstance(value, float) and not value.is_integer()):
+        try:
             return int(value)
-        if "float" in kind:
-            if isinstance(value, bool):
-                raise ValueError
+        except (TypeError, ValueError):
+            pass
+    if kind == "float" and not isinstance(value, bool):
+        try:
             return float(value)
+        except (TypeError, ValueError):
+            pass
+    if kind == "str":
         return str(value)
-    except (TypeError, ValueError):
-        want = kind.replace(" | None", "")
-        problems.append(f"{source} {name}: {value!r} is not a valid {want}")
-        return None
+    problems.append(f"{source} {name}: {value!r} is not a valid {kind}")
+    return None
 
 
 def merge(yaml_values: Mapping[str, Any], flag_values: Mapping[str, Any],
@@ -362,57 +455,33 @@ def merge(yaml_values: Mapping[str, Any], flag_values: Mapping[str, Any],
     """
     from trainer import hf_args
 
-    names = set(_field_types())
-    problems: list[str] = []
+    problems = Problems()
     values: dict[str, Any] = dict(defaults or {})
     given = {str(key).replace("-", "_"): value for key, value in yaml_values.items()}
     original = {str(key).replace("-", "_"): key for key in yaml_values}
-    own, mapped, hf_problems, hf = hf_args.translate(given, yaml_source, names | {"out"})
-    problems += hf_problems
+    ours = set(FLAGS) | set(EXTRA_ARGUMENTS)
+    own, mapped, hf = hf_args.translate(given, yaml_source, ours, problems)
     for name in given:
-        if name in names or name == "out" or hf_args.is_hf_key(name):
-            continue
-        close = [_ALIASES[name]] if name in _ALIASES else difflib.get_close_matches(
-            name, sorted(names | hf_args.known_keys()), n=1, cutoff=0.75)
-        hint = f" (did you mean {close[0]!r}?)" if close else f"; known keys: {', '.join(sorted(names))}"
-        problems.append(f"{yaml_source} key {original[name]!r}: unknown configuration key{hint}")
+        if name not in ours and not hf_args.is_hf_key(name):
+            problems.append(f"{yaml_source} key {original[name]!r}: unknown configuration key{did_you_mean(name)}")
     for name, value in {**mapped, **own}.items():
         if name == "out":
             values.update(split_out(str(value)))
-            continue
-        if name == "report_to":
-            value = _report_to_value(value, problems, f"{yaml_source} key {name}")
-            if value is None:
-                continue
-        values[name] = _coerce(name, value, problems, f"{yaml_source} key")
+        elif name != "config":
+            values[name] = coerce(name, value, problems, f"{yaml_source} key")
     for name, value in flag_values.items():
         if name == "out":
             values.update(split_out(str(value)))
-        elif name in names:
+        elif name in FLAGS:
             values[name] = value
     if "global_batch_size" not in own and "global_batch_size" not in flag_values:
         hf_batch = hf_args.global_batch({**TrainConfig().to_dict(), **values}, hf)
         if hf_batch is not None:
             values["global_batch_size"] = hf_batch
-    if problems:
-        raise ConfigError(problems)
+    problems.raise_if_any(ConfigError)
     cfg = TrainConfig(**values)
     validate(cfg)
     return cfg
-
-
-def _report_to_value(value: Any, problems: list[str], source: str) -> Any:
-    """transformers' report_to (a name, a list, "none"; "all" is ambiguous here) as --report-to text."""
-    items = value if isinstance(value, list) else [value]
-    if not all(isinstance(v, str) for v in items):
-        problems.append(f"{source}: expected a name or a list of names ({', '.join(REPORT_TO)}, none), "
-                        f"found {value!r}")
-        return None
-    if "all" in items:
-        problems.append(f"{source}: 'all' means every installed integration in transformers; name the backends "
-                        f"here: {', '.join(REPORT_TO)} or none")
-        return None
-    return ",".join(items) if items else "none"
 
 
 def split_out(out: str) -> dict[str, str]:
@@ -428,8 +497,9 @@ def split_out(out: str) -> dict[str, str]:
 
 def from_args(args: argparse.Namespace, defaults: Mapping[str, Any] | None = None) -> TrainConfig:
     given = {k: v for k, v in vars(args).items() if k != "config"}
-    yaml_values = load_yaml(args.config) if getattr(args, "config", None) else {}
-    return merge(yaml_values, given, defaults, yaml_source=f"--config {getattr(args, 'config', '')}".strip())
+    config = getattr(args, "config", None)
+    yaml_values = load_yaml(config) if config else {}
+    return merge(yaml_values, given, defaults, yaml_source=f"--config {config or ''}".strip())
 
 
 def parse(argv: Sequence[str], defaults: Mapping[str, Any] | None = None, prog: str = "trainer") -> TrainConfig:
@@ -438,100 +508,94 @@ def parse(argv: Sequence[str], defaults: Mapping[str, Any] | None = None, prog: 
     return from_args(parser.parse_args(list(argv)), defaults)
 
 
+# --- checks -------------------------------------------------------------------------------------
+
 def validate(cfg: TrainConfig) -> None:
-    """Checks that need no I/O. Raises ConfigError naming every bad flag."""
-    p: list[str] = []
+    """Each flag's own check and choices, then the checks across flags. Raises ConfigError naming every bad flag."""
+    problems = Problems()
+    bad: set[str] = set()
 
-    def bad(name: str, msg: str) -> None:
-        p.append(f"{flag(name)} ({name}) = {getattr(cfg, name)!r}: {msg}")
+    def add(name: str, why: str) -> None:
+        value = getattr(cfg, name)
+        shown = "" if value in ("", None) else f" = {value!r}"
+        problems.append(f"{flag(name)} ({name}){shown}: {why}")
+        bad.add(name)
 
-    if not cfg.model:
-        p.append(f"{flag('model')} (model): required; pass a hub id, a local model folder or an s3:// prefix")
-    if not cfg.dataset:
-        p.append(f"{flag('dataset')} (dataset): required; pass a hub id, a .jsonl/.json/.parquet/.csv file, a "
-                 f"folder of them, save_to_disk output or an s3:// URI")
-    for name in ("seq_len", "global_batch_size", "num_workers", "log_every"):
-        if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
-            bad(name, "must be at least 1")
-    for name in ("warmup_steps", "checkpoint_every", "max_failures", "fail_at_step", "seed"):
-        if getattr(cfg, name) is not None and getattr(cfg, name) < 0:
-            bad(name, "must be 0 or more")
-    if cfg.num_to_keep < 1:
-        bad("num_to_keep", "must be at least 1 (the latest checkpoint is needed to resume)")
+    for name, f in FLAGS.items():
+        value = getattr(cfg, name)
+        why = f"must be one of {', '.join(f.choices)}" if f.choices and value not in f.choices else None
+        if why is None and f.check is not None and not (name in bad):
+            try:
+                why = f.check(value)
+            except TypeError:  # a value of another type (a dict built by hand): named, not a traceback
+                why = f"{value!r} is not a valid {_base(_KINDS[name])}"
+        if why:
+            add(name, why)
+    _across(cfg, bad, add, problems)
+    problems.raise_if_any(ConfigError)
+
+
+def _across(cfg: TrainConfig, bad: set[str], add: Callable[[str, str], None], problems: Problems) -> None:
+    """The rules that join flags: one of two, divisibility, what a device or a sharding allows."""
     if cfg.steps is not None and cfg.epochs is not None:
-        p.append(f"{flag('steps')} = {cfg.steps} and {flag('epochs')} = {cfg.epochs}: give one of them, not both")
-    if cfg.steps is not None and cfg.steps < 1:
-        bad("steps", "must be at least 1")
-    if cfg.epochs is not None and cfg.epochs < 1:
-        bad("epochs", "must be at least 1")
-    if not cfg.lr > 0:
-        bad("lr", "must be positive")
-    if not 0.0 <= cfg.min_lr_ratio <= 1.0:
-        bad("min_lr_ratio", "must be between 0 and 1")
-    if cfg.weight_decay < 0:
-        bad("weight_decay", "must be 0 or more")
-    if cfg.grad_clip < 0:
-        bad("grad_clip", "must be 0 (off) or positive")
-    for name, choices in _CHOICES.items():
-        if getattr(cfg, name) not in choices:
-            bad(name, f"must be one of {', '.join(choices)}")
+        problems.append(f"{flag('steps')} = {cfg.steps} and {flag('epochs')} = {cfg.epochs}: give one of them, "
+                        f"not both")
     if cfg.attn_implementation == "flex_attention" and not cfg.use_gpu:
-        bad("attn_implementation", "FlexAttention has no backward pass on CPU; use sdpa with --device cpu "
-                                   "(it masks packed documents too)")
-    if not 0.0 <= cfg.warmup_ratio < 1.0:
-        bad("warmup_ratio", "must be at least 0 and below 1")
-    elif cfg.warmup_ratio and cfg.warmup_steps:
-        p.append(f"{flag('warmup_steps')} = {cfg.warmup_steps} and {flag('warmup_ratio')} = {cfg.warmup_ratio}: "
-                 f"give one of them, not both")
-    reporters = cfg.reporters
-    unknown = [r for r in reporters if r not in REPORT_TO]
-    if unknown or (not reporters and cfg.report_to.strip() != "none"):
-        bad("report_to", f"comma-separated names of {', '.join(REPORT_TO)}, or none"
-                         + (f" (unknown: {', '.join(unknown)})" if unknown else ""))
-    if not cfg.dataset_text_field:
-        bad("dataset_text_field", "must not be empty")
-    if cfg.peak_tflops is not None and cfg.peak_tflops <= 0:
-        bad("peak_tflops", "must be positive")
-    if cfg.run_name is not None and not _RUN_NAME.match(cfg.run_name):
-        bad("run_name", "use letters, digits, '.', '_' or '-' (at most 128), starting with a letter or digit")
-    if not cfg.storage_path:
-        bad("storage_path", "required: a local folder or an s3:// prefix")
-    elif "://" in cfg.storage_path and not cfg.storage_path.startswith(("s3://", "file://", "gs://")):
-        bad("storage_path", "supported schemes are a local path, s3:// (or gs://, file://)")
-    micro = cfg.micro_batch_size
-    micro_ok = cfg.micro_batch_auto or (isinstance(micro, int) and not isinstance(micro, bool) and micro >= 1)
-    if not micro_ok:
-        bad("micro_batch_size", f"must be a positive integer or auto; pass e.g. {flag('micro_batch_size')} 2, "
-                                f"or auto for the largest micro-batch that fits in memory")
-    if micro_ok and min(cfg.global_batch_size, cfg.num_workers) >= 1:
-        auto = cfg.micro_batch_auto
+        add("attn_implementation", "FlexAttention has no backward pass on CPU; use sdpa with --device cpu (it masks "
+                                   "packed documents too)")
+    if "warmup_ratio" not in bad and cfg.warmup_ratio and cfg.warmup_steps:
+        problems.append(f"{flag('warmup_steps')} = {cfg.warmup_steps} and {flag('warmup_ratio')} = "
+                        f"{cfg.warmup_ratio}: give one of them, not both")
+    if not bad & {"micro_batch_size", "global_batch_size", "num_workers"}:
+        auto, micro = cfg.micro_batch_auto, cfg.micro_batch_size
         per_pass = cfg.num_workers * (1 if auto else micro)
         if cfg.global_batch_size % per_pass:
             lo = max(per_pass, cfg.global_batch_size // per_pass * per_pass)
             divisor = (f"{flag('num_workers')} = {per_pass} (with {flag('micro_batch_size')} auto every worker takes "
                        f"an equal share)" if auto else
                        f"{flag('num_workers')} x {flag('micro_batch_size')} = {cfg.num_workers} x {micro} = {per_pass}")
-            p.append(f"{flag('global_batch_size')} = {cfg.global_batch_size} is not divisible by {divisor}; use a "
-                     f"multiple of {per_pass} (e.g. {lo} or {lo + per_pass}) or change the workers"
-                     f"{'' if auto else '/micro-batch'}")
-    if cfg.shard_size < 0:
-        bad("shard_size", "must be 0 (the workers of one node) or positive")
-    elif cfg.shard_size and cfg.sharding == "full":
-        bad("shard_size", "applies to hybrid sharding; pass --sharding hybrid or drop --shard-size")
-    elif cfg.shard_size and cfg.num_workers >= 1 and cfg.num_workers % cfg.shard_size:
-        bad("shard_size", f"must divide {flag('num_workers')} = {cfg.num_workers} (replicas x shard size)")
-    if cfg.instance_type is not None:
-        from trainer.flops import instance_network
-
-        try:
-            instance_network(cfg.instance_type)
-        except ValueError as e:
-            bad("instance_type", str(e).split(": ", 1)[1])
+            problems.append(f"{flag('global_batch_size')} = {cfg.global_batch_size} is not divisible by {divisor}; "
+                            f"use a multiple of {per_pass} (e.g. {lo} or {lo + per_pass}) or change the workers"
+                            f"{'' if auto else '/micro-batch'}")
+    if "shard_size" not in bad and cfg.shard_size:
+        if cfg.sharding == "full":
+            add("shard_size", "applies to hybrid sharding; pass --sharding hybrid or drop --shard-size")
+        elif "num_workers" not in bad and cfg.num_workers % cfg.shard_size:
+            add("shard_size", f"must divide {flag('num_workers')} = {cfg.num_workers} (replicas x shard size)")
     if cfg.steps and cfg.warmup_steps >= cfg.steps > 1:
-        p.append(f"{flag('warmup_steps')} = {cfg.warmup_steps} must be below {flag('steps')} = {cfg.steps}")
-    if p:
-        raise ConfigError(p)
+        problems.append(f"{flag('warmup_steps')} = {cfg.warmup_steps} must be below {flag('steps')} = {cfg.steps}")
 
 
-def total_steps(cfg: TrainConfig, steps_per_epoch: int) -> int:
-    return cfg.steps if cfg.steps is not None else (cfg.epochs or 1) * steps_per_epoch
+# --- the README's table -------------------------------------------------------------------------
+
+def _default_text(name: str) -> str:
+    if FLAGS[name].shown_default is not None:
+        return FLAGS[name].shown_default
+    value = next(x.default for x in fields(TrainConfig) if x.name == name)
+    if value is None:
+        return "unset"
+    return f"`{str(value).lower() if isinstance(value, bool) else value}`"
+
+
+def _keys(keys: Sequence[str]) -> str:
+    return ", ".join(f"`{k}`" for k in keys)
+
+
+def markdown_table() -> str:
+    """The README's table of training flags, from the declarations (`python -m trainer flags`)."""
+    rows = ["| flag (YAML key) | default | TRL / transformers key | a resume may change it | meaning |",
+            "|---|---|---|---|---|"]
+    for name, arg in EXTRA_ARGUMENTS.items():
+        rows.append(f"| `{flag(name)}` | unset | {_keys(arg.trl)} |  | {arg.help} |")
+    for name, f in FLAGS.items():
+        choices = f" ({_keys(f.choices)})" if f.choices else ""
+        rows.append(f"| `{flag(name)}` (`{name}`) | {_default_text(name)} | {_keys(f.trl)} | "
+                    f"{'' if f.result else 'yes'} | {f.help}{choices} |")
+    return "\n".join(rows)
+
+
+def main(argv: Sequence[str]) -> int:
+    """`python -m trainer flags`: print the README's table of training flags (a test keeps the README equal)."""
+    argparse.ArgumentParser(prog="python -m trainer flags", description=main.__doc__).parse_args(list(argv))
+    print(f"<!-- training flags table: python -m trainer flags -->\n{markdown_table()}")
+    return 0

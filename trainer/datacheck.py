@@ -12,7 +12,7 @@ import argparse
 from typing import Sequence
 
 from trainer.config import ConfigError, add_arguments, from_args
-from trainer.errors import cli
+
 
 OPEN, CLOSE = "⟦", "⟧"
 
@@ -78,7 +78,6 @@ def render_report(r: dict) -> str:
     return "\n".join(lines)
 
 
-@cli
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m trainer data",

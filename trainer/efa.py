@@ -41,6 +41,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from facts import ray as ray_facts
+from facts.errors import EXIT_NO_PROOF, EXIT_OK, EXIT_SOCKETS, UserError
 
 __all__ = [
     "Transport",
@@ -68,16 +69,7 @@ __all__ = [
     "expand_nccl_debug_file",
     "check_own_rank",
     "main",
-    "EXIT_EFA",
-    "EXIT_USAGE",
-    "EXIT_SOCKET",
-    "EXIT_NO_EVIDENCE",
 ]
-
-EXIT_EFA = 0
-EXIT_USAGE = 2
-EXIT_SOCKET = 3
-EXIT_NO_EVIDENCE = 4
 
 
 class Transport(StrEnum):
@@ -109,7 +101,7 @@ class EfaEvidenceMissingError(EfaCheckError):
     """EFA was required but the log holds no NCCL transport line to prove it."""
 
 
-class LogFileError(ValueError):
+class LogFileError(UserError, ValueError):
     """A log path given by the user cannot be read."""
 
 
@@ -547,13 +539,13 @@ def verdict_lines(report: EfaReport, per_rank: bool = False) -> list[str]:
 
 
 def exit_code(report: EfaReport) -> int:
-    """0 EFA on every node with network traffic, 3 a socket fallback anywhere, 4 no proof."""
+    """EFA on every node with network traffic (0), a socket fallback anywhere (5), no proof (4)."""
     transports = {n.transport for n in report.nodes}
     if Transport.SOCKET in transports:
-        return EXIT_SOCKET
+        return EXIT_SOCKETS
     if Transport.EFA in transports:
-        return EXIT_EFA
-    return EXIT_NO_EVIDENCE
+        return EXIT_OK
+    return EXIT_NO_PROOF
 
 
 _CAUSES = {
@@ -789,9 +781,9 @@ SHM_ONLY (one-node communicators: P2P/SHM inside the node, no network at all),
 UNKNOWN (no NCCL transport line). A bare "NET/Socket : Using [0]eth0" line is not a
 fallback: NCCL prints it even when aws-ofi-nccl is selected.
 
-exit codes:
+exit codes (the README's table, `python -m facts.errors`):
   0  EFA on every node that shows network traffic
-  3  a fallback to sockets on at least one node (that node is named)
+  5  a fallback to sockets on at least one node (that node is named)
   4  no proof either way: no NCCL transport line, or single-node (SHM_ONLY) logs only,
      which prove nothing about EFA; run with NCCL_DEBUG=INFO on two or more nodes
   2  usage error: no, missing or unreadable log file
@@ -811,26 +803,18 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m trainer efa-check LOGFILE...``; returns the exit code."""
-    parser = _parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:  # argparse has printed usage or help
-        return int(e.code or 0)
-    try:
-        report = analyze_logs(args.logs)
-    except LogFileError as e:
-        print(f"efa-check: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+    """``python -m trainer efa-check LOGFILE...``; returns the exit code (a bad log path raises LogFileError)."""
+    args = _parser().parse_args(argv)
+    report = analyze_logs(args.logs)
     for line in verdict_lines(report, per_rank=args.per_rank):
         print(line)
     code = exit_code(report)
-    if code == EXIT_SOCKET:
+    if code == EXIT_SOCKETS:
         bad = [n.host for n in report.nodes if n.transport is Transport.SOCKET]
         print(f"EFA check: FAIL — TCP socket fallback on node(s) {', '.join(bad)}. Likely causes:")
         for cause in likely_causes([r for n in report.nodes for r in n.ranks if r.transport is Transport.SOCKET]):
             print(f"  - {cause}")
-    elif code == EXIT_EFA:
+    elif code == EXIT_OK:
         efa = sum(n.transport is Transport.EFA for n in report.nodes)
         print(f"EFA check: PASS — EFA on {efa} node(s) with network traffic")
     elif report.transport is Transport.SHM_ONLY:
@@ -841,6 +825,3 @@ def main(argv: list[str]) -> int:
               f"{', '.join(args.logs)}: were they written with NCCL_DEBUG=INFO?")
     return code
 
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

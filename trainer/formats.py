@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.errors import UserError
+from facts.errors import UserError
 
 ROLES = ("system", "user", "assistant", "tool")
 TRAIN_ON = ("completion", "all")

@@ -13,16 +13,17 @@ import functools
 import math
 from typing import Any, Callable, Mapping
 
-# key -> our field, same meaning and unit
-RENAMES = {
-    "learning_rate": "lr", "per_device_train_batch_size": "micro_batch_size", "max_length": "seq_len",
-    "max_seq_length": "seq_len", "weight_decay": "weight_decay", "max_grad_norm": "grad_clip",
-    "save_steps": "checkpoint_every", "logging_steps": "log_every", "seed": "seed",
-    "gradient_checkpointing": "activation_checkpointing", "dataset_text_field": "dataset_text_field",
-    "run_name": "run_name", "save_total_limit": "num_to_keep", "model_name_or_path": "model",
-    "dataset_name": "dataset", "dataset_config": "dataset_config", "dataset_train_split": "dataset_split",
-    "attn_implementation": "attn_implementation", "chat_template_path": "chat_template",
-}
+from facts.errors import Problems
+from trainer.config import FLAGS, REPORT_TO
+
+# keys read with their own rules below (units, precedence, lists); every other key a flag declares
+# under `trl=` (trainer.config) is a plain rename with the same meaning and unit
+CONVERTED = frozenset({"num_train_epochs", "max_steps", "warmup_steps", "warmup_ratio", "lr_scheduler_type",
+                       "output_dir", "report_to", "gradient_accumulation_steps", "lr_scheduler_kwargs",
+                       "completion_only_loss", "assistant_only_loss"})
+# key -> our field, from the declarations
+RENAMES = {key: name for name, f in FLAGS.items() for key in f.trl if key not in CONVERTED}
+
 SCHEDULES = {"cosine": "cosine", "linear": "linear", "constant": "constant", "constant_with_warmup": "constant",
              "cosine_with_min_lr": "cosine"}
 HF_DEFAULT_MICRO_BATCH = 8  # TrainingArguments.per_device_train_batch_size
@@ -97,27 +98,24 @@ def _training_argument_names() -> frozenset[str]:
 
 def known_keys() -> set[str]:
     """The TRL/transformers names this module maps (for "did you mean" hints)."""
-    return set(RENAMES) | _EXTRA
+    return set(RENAMES) | CONVERTED
 
 
 def is_hf_key(name: str) -> bool:
-    return name in RENAMES or name in REFUSED or name in REFUSED_VALUES or name in _EXTRA or \
+    return name in RENAMES or name in REFUSED or name in REFUSED_VALUES or name in CONVERTED or \
         name in _training_argument_names()
 
 
 # names both trainers use, read with transformers' rules (a float warmup_steps below 1 is a ratio, report_to a list)
 SHARED_SEMANTICS = {"warmup_steps", "warmup_ratio", "report_to"}
-_EXTRA = {"num_train_epochs", "max_steps", "warmup_steps", "warmup_ratio", "lr_scheduler_type", "output_dir",
-          "report_to", "gradient_accumulation_steps", "lr_scheduler_kwargs", "completion_only_loss", "assistant_only_loss"}
 
 
-def translate(values: Mapping[str, Any], source: str,
-              ours: set[str]) -> tuple[dict[str, Any], dict[str, Any], list[str], dict[str, Any]]:
-    """YAML keys as (our keys, TRL/transformers keys translated to ours, problems, the TRL/transformers
-    keys as given); unknown keys are left to the caller."""
+def translate(values: Mapping[str, Any], source: str, ours: set[str],
+              problems: Problems) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """YAML keys as (our keys, TRL/transformers keys translated to ours, the TRL/transformers keys as
+    given), each problem added to `problems`; unknown keys are left to the caller."""
     own: dict[str, Any] = {}
     mapped: dict[str, Any] = {}
-    problems: list[str] = []
     hf = {k: v for k, v in values.items() if (k not in ours or k in SHARED_SEMANTICS) and is_hf_key(k)}
 
     def refuse(key: str, why: str) -> None:
@@ -135,7 +133,7 @@ def translate(values: Mapping[str, Any], source: str,
             mapped[RENAMES[key]] = value
         elif key in REFUSED:
             refuse(key, REFUSED[key])
-        elif key not in _EXTRA:
+        elif key not in CONVERTED:
             refuse(key, "a transformers TrainingArguments option with no counterpart in this trainer")
     _epochs_and_steps(hf, mapped, refuse)
     _warmup(hf, mapped, refuse)
@@ -144,7 +142,7 @@ def translate(values: Mapping[str, Any], source: str,
     if "output_dir" in hf:
         mapped["out"] = hf["output_dir"]
     if "report_to" in hf:
-        mapped["report_to"] = hf["report_to"]
+        _report_to(hf["report_to"], mapped, refuse)
     for key in set(own) & set(mapped):
         problems.append(f"{source}: both {key!r} and its TRL/transformers name are given; keep one")
     if "gradient_accumulation_steps" in hf:
@@ -153,7 +151,19 @@ def translate(values: Mapping[str, Any], source: str,
             refuse("gradient_accumulation_steps", "must be a whole number, at least 1")
         elif "per_device_train_batch_size" not in hf:
             mapped["micro_batch_size"] = HF_DEFAULT_MICRO_BATCH
-    return own, mapped, problems, hf
+    return own, mapped, hf
+
+
+def _report_to(value: Any, mapped: dict, refuse) -> None:
+    """transformers' report_to (a name, a list, "none"; "all" is ambiguous here) as --report-to text."""
+    items = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, str) for v in items):
+        refuse("report_to", f"expected a name or a list of names ({', '.join(REPORT_TO)}, none)")
+    elif "all" in items:
+        refuse("report_to", f"'all' means every installed integration in transformers; name the backends here: "
+                            f"{', '.join(REPORT_TO)} or none")
+    else:
+        mapped["report_to"] = ",".join(items) if items else "none"
 
 
 def _epochs_and_steps(hf: dict, mapped: dict, refuse) -> None:

@@ -17,7 +17,7 @@ from trainer import resume
 from trainer.config import ConfigError, TrainConfig, add_arguments, flag, from_args, is_remote
 from trainer.data import DataError, DataSpec, check_records, load_records, prepare, tokenizer_fingerprint
 from trainer.data import summary as data_summary
-from trainer.errors import UserError, cli, first_line
+from facts.errors import EXIT_FAILED, EXIT_OK, UserError, first_line
 from trainer.formats import Renderer
 from trainer.model import ModelSourceError, check_architecture, check_weights, describe_source, read_model_config
 from trainer.storage import Storage, location_problem
@@ -286,7 +286,6 @@ def connect(address: str | None, **kwargs):
                            f"(`ray start --head`), pass --address HOST:PORT, or use `trainer local`") from None
 
 
-@cli
 def main(argv: Sequence[str]) -> int:
     """`python -m trainer train`: run one training job on an existing Ray cluster."""
     parser = argparse.ArgumentParser(prog="python -m trainer train",
@@ -311,6 +310,6 @@ def main(argv: Sequence[str]) -> int:
         raise
     except Exception as e:  # noqa: BLE001 - fit() raises the workers' error once the retries are spent
         print(f"error: training failed: {e}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     print(f"done: run folder {cfg.run_uri}")
-    return 0
+    return EXIT_OK

@@ -24,7 +24,7 @@ from typing import Iterator, Sequence
 
 from trainer import demo
 from trainer.config import ConfigError, TrainConfig, add_arguments, from_args, split_out, validate
-from trainer.errors import UserError, cli
+from facts.errors import EXIT_FAILED, EXIT_OK, UserError
 from trainer.storage import location_problem
 
 DEFAULTS = dict(num_workers=2, steps=400, seed=0, global_batch_size=32, log_every=20, checkpoint_every=200,
@@ -158,7 +158,6 @@ def _quiet_libraries() -> None:
     huggingface_hub.utils.disable_progress_bars()
 
 
-@cli
 def main(argv: Sequence[str]) -> int:
     args = _parser().parse_args(list(argv))
     t_start = time.perf_counter()
@@ -215,11 +214,11 @@ def main(argv: Sequence[str]) -> int:
             raise
         except Exception as e:  # noqa: BLE001 - Ray raises the workers' error from fit()
             print(f"error: training failed: {e}", file=sys.stderr)
-            return 1
+            return EXIT_FAILED
     train_s = time.perf_counter() - t_train  # the cluster is down again: the CPUs are free for the evaluation
     if result.error:
         print(f"error: training failed: {result.error}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
 
     model_dir = Path(cfg.run_uri) / "model"
     after = _evaluate(model_dir, eval_rows) if eval_rows and cfg.export else None
@@ -250,4 +249,4 @@ def main(argv: Sequence[str]) -> int:
         f"  data          {cfg.dataset}",
     ]
     print("\n" + "\n".join(line for line in lines if line))
-    return 0
+    return EXIT_OK

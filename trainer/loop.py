@@ -23,7 +23,7 @@ import torch.distributed as dist
 from trainer import checkpoint as ckpt
 from trainer import flops as flops_lib
 from trainer import record as run_record
-from trainer.config import ConfigError, TrainConfig, total_steps
+from trainer.config import ConfigError, TrainConfig
 from trainer.data import DataSpec, PackedData, prepare
 from trainer.data import summary as data_summary
 from trainer.metrics import (EVENTS_FILE, METRICS_FILE, MLFLOW_DIR, TENSORBOARD_DIR, IntervalTracker, MetricsWriter,
@@ -154,7 +154,7 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *,
         tokenizer.chat_template = chat_template
     data: PackedData = prepare(DataSpec.from_config(cfg), tokenizer=tokenizer, seq_len=cfg.seq_len,
                                cache_dir=cache_dir, storage_fs=remote_fs)
-    steps = total_steps(cfg, data.steps_per_epoch(cfg.global_batch_size))
+    steps = cfg.total_steps(data.steps_per_epoch(cfg.global_batch_size))
     data.step_rows(0, cfg.global_batch_size, cfg.seed)  # fails early if the data is smaller than one batch
 
     model = build_model(model_path, device=env.device, use_gpu=cfg.use_gpu, mesh=env.mesh,

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer.errors import UserError, first_line
+from facts.errors import UserError, first_line
 
 log = logging.getLogger("trainer")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")

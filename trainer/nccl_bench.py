@@ -151,7 +151,7 @@ def run(*, workers: int, gpu: bool, sizes: list[int], warmup: int = 5, iters: in
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.nccl_bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m trainer nccl-bench-job", description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=2, help="ranks: one per GPU, or CPU processes")
     parser.add_argument("--device", choices=("gpu", "cpu"), default="gpu")
     parser.add_argument("--min-bytes", type=int, default=MIN_BYTES)
@@ -175,6 +175,3 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(results))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

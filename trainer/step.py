@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from trainer.errors import UserError
+from facts.errors import UserError
 from trainer.losses import IMPLEMENTATIONS, linear_cross_entropy_sum, liger_available, liger_has_softcap
 
 log = logging.getLogger("trainer")

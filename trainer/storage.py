@@ -113,7 +113,7 @@ def location_problem(uri: str, fs: pafs.FileSystem | None = None) -> str | None:
     """
     import tempfile
 
-    from trainer.errors import first_line
+    from facts.errors import first_line
 
     if "://" in uri and not uri.startswith("file://"):
         store = Storage.from_uri(uri, fs=fs)

@@ -36,7 +36,7 @@ from typing import Iterator, Sequence
 import facts
 from facts import outputs as stack_outputs
 from facts import ray as ray_facts
-from trainer.errors import UserError
+from facts.errors import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UserError
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 # What a job's working_dir holds: the trainer and the stdlib package of shared facts it imports.
@@ -49,7 +49,6 @@ DEFAULT_SERVICE = ray_facts.head_service()
 DEFAULT_RAYCLUSTER = ray_facts.CLUSTER_NAME
 CHECKPOINT_ENV = ray_facts.CHECKPOINT_ENV  # the head's default storage (trainer.launch.storage_default)
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_STOPPED = 0, 1, 2, 3
 
 
 class SubmitError(UserError, RuntimeError):
@@ -702,7 +701,7 @@ def _bench(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
         with connect(args, target) as client, tempfile.TemporaryDirectory(prefix="nccl-bench-") as folder:
             job_id = submit_when_ready(
                 client,
-                entrypoint=entrypoint(["-m", "trainer.nccl_bench", *bench_argv]),
+                entrypoint=entrypoint(["-m", "trainer", "nccl-bench-job", *bench_argv]),
                 runtime_env=runtime_env(stage_package(Path(folder)), [], env),
                 submission_id=f"nccl-bench-{time.strftime('%Y%m%d-%H%M%S')}")
             print(f"Submitted {job_id}: {workers} ranks, {args.device}")

@@ -31,7 +31,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from trainer.errors import first_line as _first_line
+from facts.errors import first_line as _first_line
 from trainer.model import ModelSourceError, model_name
 
 log = logging.getLogger("trainer")

@@ -49,3 +49,27 @@ def test_anything_else_is_a_bug_and_keeps_its_traceback():
 
     with pytest.raises(KeyError):
         errors.run(main, [])
+
+
+def test_no_exit_code_means_two_things():
+    """Each EXIT_ name has its own code and its own row (a repeated code would collapse two rows)."""
+    names = {name: value for name, value in vars(errors).items() if name.startswith("EXIT_") and name != "EXIT_CODES"}
+    assert len(set(names.values())) == len(names), names
+    assert set(errors.EXIT_CODES) == set(names.values())
+    assert errors.EXIT_STOPPED != errors.EXIT_SOCKETS
+
+
+def test_ctrl_c_and_argparse_exits_become_codes(capsys):
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    def usage(argv):
+        import argparse
+
+        argparse.ArgumentParser(prog="cmd").parse_args(argv)
+
+    assert errors.run(interrupted, []) == errors.EXIT_INTERRUPTED
+    assert capsys.readouterr().err == "interrupted\n"
+    assert errors.run(usage, ["--nope"]) == errors.EXIT_USAGE
+    assert "unrecognized arguments: --nope" in capsys.readouterr().err
+    assert errors.run(usage, ["--help"]) == errors.EXIT_OK

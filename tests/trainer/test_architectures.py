@@ -194,7 +194,8 @@ def test_an_architecture_the_trainer_cannot_shard_is_refused_before_ray_starts(t
     from transformers import OpenAIGPTConfig, T5Config
 
     from trainer.config import ConfigError, TrainConfig
-    from trainer.launch import main, preflight
+    from trainer.__main__ import main as trainer
+    from trainer.launch import preflight
 
     gpt = tmp_path / "openai-gpt"
     OpenAIGPTConfig(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4).save_pretrained(gpt)
@@ -210,8 +211,8 @@ def test_an_architecture_the_trainer_cannot_shard_is_refused_before_ray_starts(t
     with pytest.raises(ConfigError, match=r"model_type 't5': transformers has no causal-LM class"):
         preflight(dataclasses.replace(base, model=str(t5)))
     # `python -m trainer train` stops at the pre-flight check: before ray.init, exit status 2
-    assert main(["--model", str(gpt), "--dataset", str(demo_assets["train"]), "--seq-len", "128",
-                 "--global-batch-size", "4", "--num-workers", "1", "--storage-path", str(tmp_path / "runs")]) == 2
+    assert trainer(["train", "--model", str(gpt), "--dataset", str(demo_assets["train"]), "--seq-len", "128",
+                    "--global-batch-size", "4", "--num-workers", "1", "--storage-path", str(tmp_path / "runs")]) == 2
     assert "cannot be sharded" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
     assert preflight(dataclasses.replace(base, model=str(demo_assets["model"])))["decoder_layers"] == 2

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from trainer import launch, local
+from trainer.__main__ import main as trainer
 
 
 @pytest.fixture(autouse=True)
@@ -109,7 +110,7 @@ def test_bad_input_fails_before_training_and_writes_nothing(case, inputs, capsys
     out = inputs["tmp"] / "runs" / "job"
     argv = ["--model", inputs["model"], "--dataset", inputs["train"], "--seq-len", "128",
             "--global-batch-size", "8", "--num-workers", "2", "--out", str(out)] + extra(inputs)
-    code = launch.main(argv)  # stops in pre-flight: never reaches ray.init
+    code = trainer(["train", *argv])  # stops in pre-flight: never reaches ray.init
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("error: invalid training configuration")
@@ -120,7 +121,7 @@ def test_bad_input_fails_before_training_and_writes_nothing(case, inputs, capsys
 
 def test_several_bad_inputs_are_reported_in_one_go(inputs, capsys):
     out = inputs["tmp"] / "runs" / "job"
-    code = launch.main(["--model", str(inputs["tmp"] / "nope"), "--dataset", str(inputs["tmp"] / "empty.jsonl"),
+    code = trainer(["train", "--model", str(inputs["tmp"] / "nope"), "--dataset", str(inputs["tmp"] / "empty.jsonl"),
                         "--out", str(out)])
     err = capsys.readouterr().err
     assert code == 2 and "2 problem(s)" in err and "--model" in err and "--dataset" in err
@@ -129,9 +130,9 @@ def test_several_bad_inputs_are_reported_in_one_go(inputs, capsys):
 
 def test_local_demo_rejects_bad_flags_before_writing(tmp_path, capsys):
     out = tmp_path / "demo"
-    assert local.main(["--workers", "2", "--global-batch-size", "7", "--out", str(out)]) == 2
+    assert trainer(["local", "--workers", "2", "--global-batch-size", "7", "--out", str(out)]) == 2
     assert "--global-batch-size = 7" in capsys.readouterr().err
-    assert local.main(["--workers", "2", "--micro-batch-size", "0", "--out", str(out)]) == 2
+    assert trainer(["local", "--workers", "2", "--micro-batch-size", "0", "--out", str(out)]) == 2
     assert "--micro-batch-size (micro_batch_size) = 0: must be a positive integer or auto" in capsys.readouterr().err
     assert not out.exists()
 
@@ -154,7 +155,7 @@ def test_a_tokenizer_without_a_chat_template_is_caught_before_ray_starts_with_th
     out = inputs["tmp"] / "runs" / "job"
     argv = ["--model", str(model), "--dataset", inputs["train"], "--seq-len", "128", "--global-batch-size", "8",
             "--out", str(out)]
-    assert launch.main(argv) == 2
+    assert trainer(["train", *argv]) == 2
     err = capsys.readouterr().err
     assert "--chat-template" in err and "no chat template" in err and "pass one with --chat-template FILE" in err
     template = inputs["tmp"] / "chatml.jinja"
@@ -162,7 +163,7 @@ def test_a_tokenizer_without_a_chat_template_is_caught_before_ray_starts_with_th
     from trainer.config import parse
 
     assert launch.preflight(parse(argv + ["--chat-template", str(template)]))["tokenizer"].chat_template == demo.CHAT_TEMPLATE  # the fix works
-    assert launch.main(argv + ["--chat-template", str(inputs["tmp"] / "missing.jinja")]) == 2
+    assert trainer(["train", *argv, "--chat-template", str(inputs["tmp"] / "missing.jinja")]) == 2
     assert "--chat-template" in capsys.readouterr().err
     assert not (inputs["tmp"] / "runs").exists()
 
@@ -193,7 +194,7 @@ def test_a_run_folder_resumes_only_with_the_inputs_it_was_started_with(inputs, c
     out = inputs["tmp"] / "runs" / "sweep"
     _started_run(inputs, out)
     # a changed learning rate and batch: refused, each difference listed, with both ways out
-    assert launch.main(_job_argv(inputs, out, "--lr", "0.002", "--global-batch-size", "16")) == 2
+    assert trainer(["train", *_job_argv(inputs, out, "--lr", "0.002", "--global-batch-size", "16")]) == 2
     err = capsys.readouterr().err
     for needle in ("this run folder holds run 'sweep', started with other inputs", "--lr: 0.001 then, 0.002 now",
                    "--global-batch-size: 8 then, 16 now", "another --run-name (or --out FOLDER)", "--resume-anyway"):
@@ -206,7 +207,7 @@ def test_a_run_folder_resumes_only_with_the_inputs_it_was_started_with(inputs, c
     out2 = inputs["tmp"] / "runs" / "new-data"
     _started_run(moved, out2)
     data.write_text("".join(data.read_text().splitlines(keepends=True)[::-1][:300]))
-    assert launch.main(_job_argv(moved, out2)) == 2
+    assert trainer(["train", *_job_argv(moved, out2)]) == 2
     assert "the dataset's content changed (train.jsonl)" in capsys.readouterr().err
     # what changes only how the run is executed or watched never blocks; --resume-anyway lets a change through
     info = launch.preflight(parse(_job_argv(inputs, out, "--log-every", "1", "--max-failures", "3", "--num-to-keep",
@@ -226,17 +227,16 @@ def test_an_address_nobody_answers_is_an_error_within_seconds(inputs, capsys):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again below: nothing listens there
     t0 = time.monotonic()
-    code = launch.main(["--address", f"127.0.0.1:{port}", *_job_argv(inputs, inputs["tmp"] / "runs" / "job")])
+    code = trainer(["train", "--address", f"127.0.0.1:{port}", *_job_argv(inputs, inputs["tmp"] / "runs" / "job")])
     print(f"unreachable --address: exit {code} after {time.monotonic() - t0:.1f} s")
     assert code == 2
     assert f"--address 127.0.0.1:{port}: nothing answers there within 5 s" in capsys.readouterr().err
-    assert launch.main(["--address", "http://127.0.0.1:8265", *_job_argv(inputs, inputs["tmp"] / "x")]) == 2
+    assert trainer(["train", "--address", "http://127.0.0.1:8265", *_job_argv(inputs, inputs["tmp"] / "x")]) == 2
     err = capsys.readouterr().err
     assert "a dashboard URL" in err and "trainer submit --address http://127.0.0.1:8265" in err
 
 
 def test_records_too_long_are_counted_and_reported_with_the_options(inputs, capsys):
-    from trainer import datacheck
     from trainer.config import parse
 
     rows = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a " * n}]}
@@ -252,7 +252,7 @@ def test_records_too_long_are_counted_and_reported_with_the_options(inputs, caps
     dropped = launch.preflight(parse(argv + ["--overlong", "drop"]))
     assert dropped["data"]["dropped"] == 8 and dropped["data"]["rows"] >= 2
     assert "were dropped" in dropped["notes"][0] and "--overlong truncate" in dropped["notes"][0]
-    assert datacheck.main(argv[:-2]) == 0
+    assert trainer(["data", *argv[:-2]]) == 0
     assert "note             8 of 16 records are longer than --seq-len 64 and were truncated" in capsys.readouterr().out
 
 
@@ -269,7 +269,7 @@ def test_hub_downloads_fetch_the_weights_the_trainer_reads():
 
 def test_the_local_demo_leaves_nothing_behind_when_the_preflight_refuses(inputs, tmp_path, capsys):
     out = tmp_path / "demo"
-    assert local.main(["--model", str(inputs["tmp"] / "nope"), "--out", str(out)]) == 2
+    assert trainer(["local", "--model", str(inputs["tmp"] / "nope"), "--out", str(out)]) == 2
     assert "--model" in capsys.readouterr().err
     assert not out.exists()  # the demo data written for the run went again
 

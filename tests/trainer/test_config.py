@@ -84,11 +84,9 @@ def test_round_trips_through_a_dict():
 
 
 def test_steps_or_epochs_set_the_length_of_the_run():
-    from trainer.config import total_steps
-
-    assert total_steps(parse(BASE + ["--steps", "7"]), steps_per_epoch=100) == 7
-    assert total_steps(parse(BASE + ["--epochs", "3"]), steps_per_epoch=100) == 300
-    assert total_steps(parse(BASE), steps_per_epoch=100) == 100  # one epoch by default
+    assert parse(BASE + ["--steps", "7"]).total_steps(steps_per_epoch=100) == 7
+    assert parse(BASE + ["--epochs", "3"]).total_steps(steps_per_epoch=100) == 300
+    assert parse(BASE).total_steps(steps_per_epoch=100) == 100  # one epoch by default
 
 
 def test_sharding_flags_are_validated_with_the_fix():
@@ -278,3 +276,48 @@ def test_default_run_names_of_a_sweep_differ_and_the_same_command_keeps_its_name
             ([], ["--log-every", "1"], ["--max-failures", "3"], ["--num-workers", "4", "--global-batch-size", "64"],
              ["--no-progress"], ["--num-to-keep", "5"], ["--resume-anyway"])}
     assert len(same) == 1, same
+
+
+def test_every_declared_trl_key_is_a_real_trl_field_and_sets_its_flag(tmp_path):
+    """The TRL column of the flags table is read from the declarations; each key must exist upstream
+    (`trl sft` reads ScriptArguments, SFTConfig and ModelConfig; max_seq_length is SFTConfig's old name)."""
+    import dataclasses
+
+    from trainer.config import EXTRA_ARGUMENTS, FLAGS
+    from trainer.hf_args import CONVERTED, RENAMES
+
+    trl = pytest.importorskip("trl")
+    upstream = {f.name for c in (trl.SFTConfig, trl.ModelConfig, trl.ScriptArguments) for f in dataclasses.fields(c)}
+    declared = {key for f in [*FLAGS.values(), *EXTRA_ARGUMENTS.values()] for key in f.trl}
+    assert declared - upstream == {"max_seq_length"}
+    assert CONVERTED <= declared  # every key read with its own rules is in the table too
+    f = tmp_path / "sft.yaml"
+    f.write_text("".join(f"{key}: {value}\n" for key, value in
+                         [("learning_rate", 0.5), ("max_grad_norm", 0.25), ("logging_steps", 3), ("save_steps", 7)]))
+    cfg = parse(["--config", str(f), *BASE])
+    assert {RENAMES[k] for k in ("learning_rate", "max_grad_norm", "logging_steps", "save_steps")} == \
+        {"lr", "grad_clip", "log_every", "checkpoint_every"}
+    assert (cfg.lr, cfg.grad_clip, cfg.log_every, cfg.checkpoint_every) == (0.5, 0.25, 3, 7)
+
+
+def test_names_from_elsewhere_get_a_did_you_mean_from_the_declarations(tmp_path):
+    f = tmp_path / "job.yaml"
+    f.write_text("workers: 4\nclip_grad: 0.5\nglobal_batch_sise: 8\n")
+    with pytest.raises(ConfigError) as e:
+        parse(["--config", str(f), *BASE])
+    text = str(e.value)
+    for hint in ("'workers': unknown configuration key (did you mean 'num_workers'?)",
+                 "'clip_grad': unknown configuration key (did you mean 'grad_clip'?)",
+                 "(did you mean 'global_batch_size'?)"):
+        assert hint in text
+
+
+def test_every_declared_flag_is_a_command_line_flag_with_its_help_and_default(capsys):
+    from trainer.config import FLAGS, flag
+
+    with pytest.raises(SystemExit):
+        parse(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for name, f in FLAGS.items():
+        assert flag(name) in out
+        assert " ".join(f.help.split())[:40] in out

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
-from trainer import datacheck, demo
+from trainer import demo
 from trainer.data import DataSpec, prepare
 from trainer.model import load_tokenizer
+from trainer.__main__ import main as trainer
 
 
 def test_counts_match_what_the_job_packs_and_examples_mark_the_trained_tokens(demo_assets, tmp_path, capsys):
@@ -16,7 +17,7 @@ def test_counts_match_what_the_job_packs_and_examples_mark_the_trained_tokens(de
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     argv = ["--dataset", str(data), "--model", str(demo_assets["model"]), "--seq-len", "128",
             "--global-batch-size", "4", "--cache-dir", str(tmp_path / "cache")]
-    assert datacheck.main(argv + ["--show", "2"]) == 0
+    assert trainer(["data", *argv, "--show", "2"]) == 0
     out = capsys.readouterr().out
     packed = prepare(DataSpec(str(data)), tokenizer=load_tokenizer(demo_assets["model"]), seq_len=128,
                      cache_dir=tmp_path / "job-cache")  # what the workers build
@@ -38,10 +39,10 @@ def test_train_on_all_and_bad_data_are_reported_like_the_job_would(demo_assets, 
     data.write_text(json.dumps({"text": "hello"}) + "\n")
     base = ["--model", str(demo_assets["model"]), "--seq-len", "64", "--global-batch-size", "2",
             "--cache-dir", str(tmp_path / "cache")]
-    assert datacheck.main(base + ["--dataset", str(data), "--show", "1"]) == 0
+    assert trainer(["data", *base, "--dataset", str(data), "--show", "1"]) == 0
     assert "⟦hello<|im_end|>⟧" in capsys.readouterr().out  # text records: every token, EOS appended
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"messages": [{"role": "user", "content": [{"type": "image", "url": "a.png"}]}]}) + "\n")
-    assert datacheck.main(base + ["--dataset", str(bad)]) == 2
+    assert trainer(["data", *base, "--dataset", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "--dataset" in err and "record 0 field messages[0].content[0]: a 'image' part" in err

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from trainer import local
 from trainer.metrics import read_metrics
+from trainer.__main__ import main as trainer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,7 +36,7 @@ def test_local_takes_the_training_flags_and_config_of_train_and_submit(tmp_path)
     assert cfg.global_batch_size == 2 * 1 * 4 and cfg.warmup_steps == 3  # transformers' batch; demo warm-up
     assert (cfg.train_on, cfg.reporters) == ("all", ())
     assert _config(["--workers", "4", "--global-batch-size", "8"], tmp_path / "r").num_workers == 4  # old name
-    assert local.main(["--device", "gpu", "--out", str(tmp_path / "gpu")]) == 2
+    assert trainer(["local", "--device", "gpu", "--out", str(tmp_path / "gpu")]) == 2
     assert not (tmp_path / "gpu").exists()
 
 
