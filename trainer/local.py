@@ -81,6 +81,11 @@ def make_config(args: argparse.Namespace, out: Path) -> TrainConfig:
     return cfg
 
 
+def demo_config(argv: Sequence[str], out: Path) -> TrainConfig:
+    """The config `trainer local ARGV --out OUT` trains with (the harness benchmark runs it under torchrun too)."""
+    return make_config(_parser().parse_args([*argv, "--out", str(out)]), out)
+
+
 def run_folder(args: argparse.Namespace) -> Path:
     """--out, else --storage-path / --run-name, else runs/demo-<time>: the demo's files go there too."""
     out = getattr(args, "out", None)

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainer import bench
+from trainer.bench import main as bench_main
+from trainer.bench.padding import instruction_documents, instruction_lengths
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -70,22 +71,22 @@ def test_without_accelerate_the_baseline_line_names_the_fix_and_the_trainer_stil
 
 
 def test_bad_options_are_named_with_the_fix(capsys):
-    assert bench.main(["--model-shape", "llama-70b"]) == 2
+    assert bench_main(["--model-shape", "llama-70b"]) == 2
     assert ("--model-shape 'llama-70b': not a named shape (qwen2.5-1.5b, small, tiny) nor a model folder with "
             "config.json or a config .json file") in capsys.readouterr().err
-    assert bench.main(["--global-batch-size", "8", "--micro-batch-size", "3"]) == 2
+    assert bench_main(["--global-batch-size", "8", "--micro-batch-size", "3"]) == 2
     assert "positive divisor of --global-batch-size 8" in capsys.readouterr().err
-    assert bench.main(["--setups", "hf_trainer,deepspeed"]) == 2
+    assert bench_main(["--setups", "hf_trainer,deepspeed"]) == 2
     assert "unknown deepspeed" in capsys.readouterr().err
 
 
 def test_the_instruction_dataset_is_deterministic_with_a_long_tail():
-    a = bench.instruction_lengths(2000, 2048, seed=0)
-    assert a == bench.instruction_lengths(2000, 2048, seed=0) and a != bench.instruction_lengths(2000, 2048, seed=1)
+    a = instruction_lengths(2000, 2048, seed=0)
+    assert a == instruction_lengths(2000, 2048, seed=0) and a != instruction_lengths(2000, 2048, seed=1)
     total = np.array([p + r for p, r in a])
     assert total.max() <= 2048 and total.min() >= 8
     assert 200 < np.median(total) < 400 and np.percentile(total, 90) > 2.5 * np.median(total)
-    docs = bench.instruction_documents(50, 512, vocab=100)
+    docs = instruction_documents(50, 512, vocab=100)
     assert all(len(ids) == len(mask) and mask.any() and not mask[0] for ids, mask in docs)
 
 
@@ -112,17 +113,17 @@ def test_padding_benchmark_reports_useful_tokens_of_packed_and_padded():
 
 
 def test_comm_estimate_prints_the_default_for_two_g6_nodes(capsys):
-    assert bench.main(["comm", "--instance-type", "g6.12xlarge", "--nodes", "2"]) == 0
+    assert bench_main(["comm", "--instance-type", "g6.12xlarge", "--nodes", "2"]) == 0
     captured = capsys.readouterr()
     r = _lines(captured.out)["comm_estimate"]
     assert r["default_sharding"] == "hybrid" and r["hybrid_s_per_step"] < r["full_s_per_step"]
     assert (r["network_gbps"], r["gpudirect_rdma"], r["params"]) == (40, False, 1_543_714_304)
     assert "using hybrid" in captured.err
-    assert bench.main(["comm", "--instance-type", "g9.huge"]) == 2
+    assert bench_main(["comm", "--instance-type", "g9.huge"]) == 2
 
 
 def test_harness_runs_the_same_training_under_ray_and_torchrun(ray_cluster, trainer_cache, tmp_path, capsys):
-    code = bench.main(["harness", "--address", ray_cluster.address, "--workers", "2", "--steps", "6",
+    code = bench_main(["harness", "--address", ray_cluster.address, "--workers", "2", "--steps", "6",
                        "--log-every", "2", "--skip", "1", "--global-batch-size", "8", "--seq-len", "128",
                        "--out", str(tmp_path)])
     lines = _lines(capsys.readouterr().out)
@@ -161,5 +162,5 @@ def test_throughput_of_any_architecture_from_its_config_folder_or_file(tmp_path,
     trainer = {r["setup"]: r for r in records}["trainer"]
     assert trainer["model_type"] == "gemma2" and trainer["loss_impl"] == "chunked" and trainer["last_loss"] > 0
     (tmp_path / "broken.json").write_text("{not json")
-    assert bench.main(["--model-shape", str(tmp_path / "broken.json")]) == 2
+    assert bench_main(["--model-shape", str(tmp_path / "broken.json")]) == 2
     assert "not a transformers model config" in capsys.readouterr().err

@@ -1,0 +1,5 @@
+import sys
+
+from trainer.bench import main
+
+sys.exit(main())
