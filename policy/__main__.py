@@ -5,9 +5,9 @@ from pathlib import Path
 if not __package__:  # run by the Pulumi CLI from policy/ as a script: the packages sit at the repository root
     sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
-from pulumi_policy import EnforcementLevel, PolicyPack  # noqa: E402 - after the path the pack imports from
+from pulumi_policy import EnforcementLevel, PolicyPack
 
-from policy import pack  # noqa: E402
+from policy import pack
 
 PolicyPack(
     name=pack.PACK_NAME,

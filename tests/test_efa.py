@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -118,7 +119,7 @@ def rank_log(host: str, pid: int, rank: int, *, net: str = "efa", n_nodes: int =
 def node_log(host: str, first_rank: int, **kw) -> list[str]:
     """Four ranks of one node interleaved, as they land in one Ray worker log."""
     per_rank = [rank_log(host, 4200 + r, r, **kw) for r in range(first_rank, first_rank + GPUS_PER_NODE)]
-    return [line for group in zip(*per_rank) for line in group]
+    return [line for group in zip(*per_rank, strict=False) for line in group]  # as long as the shortest rank log
 
 
 def write(path: Path, lines: list[str]) -> Path:
@@ -411,14 +412,14 @@ def test_debug_env_and_expansion_follow_nccl(tmp_path):
 
 
 def test_expansion_uses_hostname_as_nccl_prints_it(monkeypatch):
-    monkeypatch.setattr(efa.socket, "gethostname", lambda: "ip-10-0-1-23.us-west-2.compute.internal")
+    monkeypatch.setattr(socket, "gethostname", lambda: "ip-10-0-1-23.us-west-2.compute.internal")
     assert str(efa.expand_nccl_debug_file("/l/%h.%p", pid=1)) == "/l/ip-10-0-1-23.1"
 
 
 def test_check_own_rank_reads_this_processes_file(tmp_path):
     env = efa.nccl_debug_env(tmp_path)
     own = efa.expand_nccl_debug_file(env["NCCL_DEBUG_FILE"])
-    assert own.name == f"nccl.{efa._nccl_hostname()}.{os.getpid()}.log"
+    assert own.name == f"nccl.{efa.nccl_hostname()}.{os.getpid()}.log"
     write(own, rank_log(NODE_A, os.getpid(), 2))
     report = efa.check_own_rank(require_efa=True, environ=env)
     assert [(r.rank, r.transport) for r in report.ranks] == [(2, Transport.EFA)]
@@ -626,7 +627,7 @@ def test_an_unwritable_directory_is_named_with_the_reason(tmp_path, monkeypatch)
     folder = tmp_path / "ro"
     folder.mkdir(mode=0o555)
     if os.access(folder, os.W_OK):  # root writes anywhere: answer as the kernel would for the Ray user
-        monkeypatch.setattr(efa.os, "access", lambda path, mode: Path(path) != folder)
+        monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != folder)
     report = efa.check_own_rank(require_efa=False, environ=efa.nccl_debug_env(folder))
     assert "is not writable by uid" in report.missing[0].reason
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import socket
+from itertools import pairwise
 
 import pytest
 import torch.distributed as dist
@@ -14,7 +15,7 @@ from trainer import nccl_bench
 def test_message_sizes_span_8_bytes_to_1_gib():
     sizes = nccl_bench.message_sizes()
     assert sizes[0] == 8 and sizes[-1] == 1 << 30 and len(sizes) == 28
-    assert all(b == 2 * a for a, b in zip(sizes, sizes[1:]))
+    assert all(b == 2 * a for a, b in pairwise(sizes))
     with pytest.raises(ValueError, match="min"):
         nccl_bench.message_sizes(2, 8)
 

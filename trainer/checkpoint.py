@@ -1,4 +1,4 @@
-"""Sharded checkpoints in run storage, resumption, and the final Hugging Face export.
+"""Sharded checkpoints in run storage and resumption (the Hugging Face export: trainer.export).
 
 Layout of one checkpoint, `<run>/checkpoint_<step>/`:
   *.distcp, .metadata   torch.distributed.checkpoint shards of model and optimizer
@@ -15,7 +15,8 @@ is reported to Ray, so Ray's "latest checkpoint" is always a complete one. A fai
 any rank fails the save on every rank with one CheckpointError (no rank hangs in a
 collective waiting for another), and no marker is written.
 
-A marker is trusted only while the files it lists are still there at their recorded
+A marker is trusted only when this trainer reads its format (MARKER_FORMAT is written,
+READABLE_FORMATS are read) and while the files it lists are still there at their recorded
 sizes, so a folder that lost files afterwards (a deletion cut short) is skipped too. The
 marker (format 2) also records each file's sha256, computed from the bytes as they were
 written (DCP's streams, the RNG and train state), not read back; on resume the ranks
@@ -51,11 +52,11 @@ from trainer.storage import Storage
 log = logging.getLogger(__name__)
 
 MARKER = "COMPLETE.json"
-MARKER_FORMAT = 2  # 2: sha256 per file; 1: sizes only
+MARKER_FORMAT = 2  # written by this trainer: 2, sha256 per file; 1, sizes only
+READABLE_FORMATS = (1, 2)  # a marker of another format (a newer trainer's) is never resumed from
 RAY_SNAPSHOT = "checkpoint_manager_snapshot.json"  # Ray Train's record of the checkpoints it tracks
 TRAIN_STATE = "train_state.json"
 PREFIX = "checkpoint_"
-EXPORT_DIR = "model"
 
 
 def dir_name(step: int) -> str:
@@ -337,6 +338,10 @@ def is_complete(storage: Storage, name: str) -> bool:
         return False
     if not isinstance(marker, dict):
         return False
+    if marker.get("format", 1) not in READABLE_FORMATS:
+        log.warning("checkpoint %s: %s is of format %r; this trainer reads formats %s", storage.path(name), MARKER,
+                    marker.get("format"), ", ".join(map(str, READABLE_FORMATS)))
+        return False
     listed = marker.get("files")
     if listed:
         missing = _missing(storage.file_sizes(name), listed)
@@ -399,23 +404,6 @@ def resume_point(storage: Storage, preferred: str | None = None) -> str | None:
     return None
 
 
-def latest_complete(storage: Storage, preferred: str | None = None) -> str | None:
-    """The newest complete checkpoint in the run folder.
-
-    `preferred` (Ray's latest reported checkpoint) is only a hint: a run stopped between
-    writing a marker and reporting to Ray has a newer complete one, and an incomplete one
-    is never returned.
-    """
-    candidates = sorted((step_of(n), n) for n in storage.list_dirs() if step_of(n) is not None)
-    for _, name in reversed(candidates):
-        if is_complete(storage, name):
-            if preferred and preferred.rstrip("/").rsplit("/", 1)[-1] != name:
-                log.info("resuming from %s rather than Ray's latest reported checkpoint %s", name, preferred)
-            return name
-        log.warning("skipping incomplete checkpoint %s (no valid %s)", storage.path(name), MARKER)
-    return None
-
-
 @contextmanager
 def _local_copy(storage: Storage, name: str) -> Iterator[Path]:
     if storage.is_local:
@@ -446,74 +434,3 @@ def load(storage: Storage, name: str, model, optimizer, scheduler) -> dict:
         if rng_file.is_file() and train_state.get("world_size") == _world():
             set_rng_state(torch.load(rng_file, weights_only=False))
     return train_state
-
-
-def report_to_ray(metrics: dict, checkpoint_path: str | None, storage: Storage) -> None:
-    """ray.train.report (a barrier); rank 0 attaches the already-complete checkpoint in storage."""
-    import ray.train
-    from ray.train import Checkpoint, CheckpointUploadMode
-
-    ckpt = Checkpoint(path=checkpoint_path, filesystem=storage.fs) if checkpoint_path and _rank() == 0 else None
-    ray.train.report(metrics, checkpoint=ckpt, checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
-
-
-def export_hf(storage: Storage, model, tokenizer, source: str | Path | None = None, name: str = EXPORT_DIR,
-              card: str | None = None) -> str:
-    """Collective: gather full weights to rank 0 and write a Hugging Face folder (bf16 safetensors),
-    with `card` (rank 0's model card text) as its README.md."""
-    from transformers import GenerationConfig
-
-    from transformers.core_model_loading import revert_weight_conversion
-
-    rank = _rank()
-    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
-    tied = head is not None and head.weight is embed.weight
-    tied_keys = set(getattr(model, "all_tied_weights_keys", None) or {"lm_head.weight"}) if tied else set()
-    full: dict[str, torch.Tensor] = {}
-    for key, value in model.state_dict().items():
-        tensor = value.full_tensor() if hasattr(value, "full_tensor") else value
-        if rank == 0 and key not in tied_keys:
-            full[key] = tensor.detach().to("cpu", torch.bfloat16).contiguous()
-        del tensor
-    if rank == 0:
-        tmp = Path(tempfile.mkdtemp(prefix="export-"))
-        try:
-            # the checkpoint's own key layout, as save_pretrained writes it (per-expert MoE keys, not the fused ones)
-            full = {k: v.contiguous() for k, v in revert_weight_conversion(model, full).items()}
-            _save_safetensors(full, tmp)
-            config = model.config
-            config.use_cache = True
-            config.dtype = torch.bfloat16
-            config.save_pretrained(tmp)
-            try:
-                gen = GenerationConfig.from_pretrained(str(source))
-            except Exception:  # noqa: BLE001 - the source model has no generation config
-                gen = GenerationConfig.from_model_config(config)
-            if tokenizer.eos_token_id is not None and gen.eos_token_id is None:
-                gen.eos_token_id = tokenizer.eos_token_id
-            if gen.pad_token_id is None and tokenizer.pad_token_id is not None:
-                gen.pad_token_id = tokenizer.pad_token_id
-            gen.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
-            if card:
-                (tmp / "README.md").write_text(card)
-            if storage.exists(name):
-                storage.delete_dir(name)
-            storage.upload_dir(tmp, name)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    _barrier()
-    return storage.path(name)
-
-
-def _save_safetensors(state: dict[str, torch.Tensor], folder: Path, max_shard_size: str = "5GB") -> None:
-    """model.safetensors, or shards plus model.safetensors.index.json, as save_pretrained writes them."""
-    from huggingface_hub import split_torch_state_dict_into_shards
-    from safetensors.torch import save_file
-
-    split = split_torch_state_dict_into_shards(state, max_shard_size=max_shard_size)
-    for filename, names in split.filename_to_tensors.items():
-        save_file({n: state[n] for n in names}, str(folder / filename), metadata={"format": "pt"})
-    if split.is_sharded:
-        index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
-        (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))

@@ -524,7 +524,7 @@ def validate(cfg: TrainConfig) -> None:
     for name, f in FLAGS.items():
         value = getattr(cfg, name)
         why = f"must be one of {', '.join(f.choices)}" if f.choices and value not in f.choices else None
-        if why is None and f.check is not None and not (name in bad):
+        if why is None and f.check is not None and name not in bad:
             try:
                 why = f.check(value)
             except TypeError:  # a value of another type (a dict built by hand): named, not a traceback

@@ -75,12 +75,6 @@ def check_records(records: Sequence[dict], spec: str, sample: int = 100, *, rend
             renderer.encode(ex)
 
 
-def tokenize_messages(tokenizer, messages: list[dict]) -> tuple[list[int], list[bool]]:
-    """One conversation's token ids and assistant mask (the default masking)."""
-    return Renderer(tokenizer).encode(Example("messages", True, messages=to_example(
-        {"messages": messages}, "messages").messages))
-
-
 def tokenize(records: Iterable[dict], renderer: Renderer, spec: str,
              text_field: str = "text") -> Iterator[tuple[list[int], list[bool]]]:
     for ex in examples(records, spec, text_field):
@@ -93,7 +87,6 @@ DROP_EMPTY = "nothing to train on (no assistant or completion tokens)"
 DROP_TRUNCATED = "truncated to --seq-len before its first trained token"
 DROP_SHORT = "shorter than 2 tokens"
 DROP_TOO_LONG = "longer than --seq-len (--overlong drop)"
-OVERLONG = ("truncate", "drop")
 
 
 @dataclass

@@ -22,7 +22,7 @@ def marked(tokenizer, ids: Sequence[int], mask: Sequence[bool]) -> str:
     out: list[str] = []
     run: list[int] = []
     state = None
-    for token, trained in [*zip(ids, mask), (None, None)]:
+    for token, trained in [*zip(ids, mask, strict=True), (None, None)]:
         if trained != state and run:
             text = tokenizer.decode(run)
             out.append(f"{OPEN}{text}{CLOSE}" if state else text)

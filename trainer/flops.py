@@ -1,4 +1,4 @@
-"""Cost model: training FLOPs per token, MFU, the measured matmul peak, communication per step.
+"""Cost model: training FLOPs per token, MFU, the measured matmul peak (communication: trainer.parallel).
 
 FLOPs per token = 6 x (the matmul weights a token goes through + vocab x hidden for the
 lm_head matmul, counted even when the embedding is tied) + 12 x (heads x head_dim) x the
@@ -10,11 +10,9 @@ The shape is the model's own: transformers builds it on the meta device (no memo
 the weights of its decoder layers are counted, so fused or split projections, MLP form
 (gated or not) and biases are whatever the architecture has. Mixture-of-experts layers
 count each token's active experts only (num_experts_per_tok of the stacked experts),
-their router and shared experts in full; the communication estimate uses every
-parameter, experts included (all of them are gathered and reduced).
-
-The communication estimate (bytes per collective over the instance type's network)
-decides between full and hybrid sharding. Imports only torch, and that lazily.
+their router and shared experts in full; `parameter_count` (for trainer.parallel's
+communication estimate) counts every parameter, experts included (all of them are
+gathered and reduced). Imports only torch, and that lazily.
 """
 
 from __future__ import annotations
@@ -182,74 +180,3 @@ def measure_matmul_peak(device: Any = None, *, size: int | None = None, iters: i
         sync()
         best = min(best, time.perf_counter() - t0)
     return {"flops": 2.0 * n ** 3 * reps / best, "dtype": str(dtype).replace("torch.", ""), "size": n}
-
-
-# ---------------------------------------------------------------- communication per step
-
-# Per-GPU bandwidth inside a node, GB/s in one direction (not in facts.catalog).
-INTRA_NODE_GBYTES = {"nvlink": {"A100": 300.0, "H100": 450.0, "H200": 450.0, "B200": 900.0},
-                     "pcie": 25.0}  # PCIe Gen4 x16 (L4, L40S, A10G): 32 GB/s raw, ~25 usable
-
-
-def instance_network(instance_type: str) -> dict[str, Any]:
-    """Network facts of a GPU instance type, from the instance catalog (facts.catalog, shipped with every job)."""
-    from facts.catalog import GPU_TYPES
-
-    if instance_type not in GPU_TYPES:
-        raise ValueError(f"instance type {instance_type!r}: unknown; use one of {', '.join(sorted(GPU_TYPES))}")
-    row = GPU_TYPES[instance_type]
-    short = row.gpu_model.split()[-1]
-    intra = INTRA_NODE_GBYTES["nvlink"].get(short, 300.0) if row.nvlink else INTRA_NODE_GBYTES["pcie"]
-    return {"instance_type": instance_type, "gpus_per_node": row.gpus, "network_gbps": row.network_gbps,
-            "gpudirect_rdma": row.gpudirect_rdma, "nvlink": row.nvlink, "intra_node_gbytes_per_s": intra}
-
-
-def comm_estimate(params: int, *, nodes: int, gpus_per_node: int, network_gbps: float,
-                  intra_node_gbytes_per_s: float, micro_batches: int, param_bytes: int = 2,
-                  grad_bytes: int = 4) -> dict[str, dict[str, float]]:
-    """Seconds of communication per optimizer step for full and hybrid sharding (ring model).
-
-    Every micro-batch all-gathers the parameters twice (forward, backward) and
-    reduce-scatters the gradients. A ring collective over N ranks moves (N-1)/N of the
-    tensor over its slowest link; across nodes that link is the node's network, shared by
-    its GPUs. Full sharding runs all of it over all N = nodes x GPUs. Hybrid sharding runs
-    it inside each node and, once per step, all-reduces the gradient shards across nodes:
-    2 (n-1)/n of the gradient bytes through each node's network. Lower bounds at line rate,
-    without overlap with compute.
-    """
-    n_ranks = nodes * gpus_per_node
-    net = network_gbps / 8 * 1e9
-    intra = intra_node_gbytes_per_s * 1e9
-    gather = params * param_bytes
-    reduce = params * grad_bytes
-    per_mb = 2 * gather + reduce
-    link_full = net if nodes > 1 else intra
-    full = micro_batches * per_mb * (n_ranks - 1) / n_ranks / link_full
-    hybrid_intra = micro_batches * per_mb * (gpus_per_node - 1) / gpus_per_node / intra
-    hybrid_inter = 2 * (nodes - 1) / nodes * reduce / net
-    return {
-        "full": {"seconds": full, "all_gather_bytes": gather, "reduce_scatter_bytes": reduce,
-                 "bytes_over_network": micro_batches * per_mb * (n_ranks - 1) / n_ranks if nodes > 1 else 0.0},
-        "hybrid": {"seconds": hybrid_intra + hybrid_inter, "all_gather_bytes": gather,
-                   "reduce_scatter_bytes": reduce, "all_reduce_bytes": reduce,
-                   "bytes_over_network": 2 * (nodes - 1) / nodes * reduce},
-    }
-
-
-def choose_sharding(estimate: dict[str, dict[str, float]], nodes: int) -> str:
-    """`full` on one node (hybrid would be the same mesh); else whichever communicates less."""
-    if nodes <= 1:
-        return "full"
-    return "hybrid" if estimate["hybrid"]["seconds"] <= estimate["full"]["seconds"] else "full"
-
-
-def format_estimate(estimate: dict[str, dict[str, float]], *, nodes: int, gpus_per_node: int,
-                    instance_type: str | None, network_gbps: float, chosen: str) -> str:
-    gib = 2 ** 30
-    f, h = estimate["full"], estimate["hybrid"]
-    where = f"{nodes} node(s) x {gpus_per_node} GPU(s)" + (f" of {instance_type}" if instance_type else "")
-    return (f"communication per step on {where}, {network_gbps:g} Gbps between nodes: "
-            f"full sharding {f['seconds']:.2f} s ({f['bytes_over_network'] / gib:.1f} GiB over the network), "
-            f"hybrid {h['seconds']:.2f} s ({h['bytes_over_network'] / gib:.1f} GiB); "
-            f"all-gather {f['all_gather_bytes'] / gib:.2f} GiB, reduce-scatter {f['reduce_scatter_bytes'] / gib:.2f} GiB "
-            f"per collective; using {chosen}")

@@ -210,7 +210,7 @@ def _spans_to_mask(offsets: list[tuple[int, int]], spans: list[tuple[int, int]])
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
     n = 0
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         if x != y:
             break
         n += 1

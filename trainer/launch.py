@@ -244,7 +244,7 @@ def train(cfg: TrainConfig, storage_filesystem: Any = None, *, check: bool = Tru
     while True:
         try:
             return build_trainer(cfg, storage_filesystem, quiet=quiet, inputs=inputs).fit()
-        except Exception as e:  # noqa: BLE001 - sorted below: user error, retryable, or final
+        except Exception as e:
             found = user_error(e)
             if found is not None:
                 raise found from None
@@ -255,14 +255,13 @@ def train(cfg: TrainConfig, storage_filesystem: Any = None, *, check: bool = Tru
                   f"(retry {failures} of --max-failures {cfg.max_failures})", file=sys.stderr, flush=True)
 
 
-CHECKPOINT_ENV = ray_facts.CHECKPOINT_ENV  # set on the RayCluster's head: the stack's bucket
 
 
 def storage_default(environ=None) -> dict[str, str] | None:
-    """The default storage path on the cluster: CHECKPOINT_URI where the deployment sets it."""
+    """The default storage path on the cluster: CHECKPOINT_URI, which the RayCluster sets on its head (the stack's bucket)."""
     import os
 
-    uri = (os.environ if environ is None else environ).get(CHECKPOINT_ENV)
+    uri = (os.environ if environ is None else environ).get(ray_facts.CHECKPOINT_ENV)
     return {"storage_path": uri} if uri else None
 
 

@@ -43,7 +43,7 @@ def chunk_rows_for(vocab_size: int, budget_bytes: int = DEFAULT_CHUNK_BYTES, sof
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, labels, chunk_rows, ignore_index, may_ignore, scale, softcap):  # noqa: D102
+    def forward(ctx, hidden, weight, labels, chunk_rows, ignore_index, may_ignore, scale, softcap):
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         n = hidden.shape[0]
         loss = torch.zeros((), device=hidden.device, dtype=torch.float32)
@@ -89,7 +89,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         return loss
 
     @staticmethod
-    def backward(ctx, grad_out):  # noqa: D102
+    def backward(ctx, grad_out):
         grad_h, grad_w = ctx.saved_tensors
         return (grad_h * grad_out.to(grad_h.dtype) if grad_h is not None else None,
                 (grad_w * grad_out).to(ctx.weight_dtype) if grad_w is not None else None,

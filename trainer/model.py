@@ -1,4 +1,4 @@
-"""Model setup: fetch once per node, build on the meta device, shard with FSDP2, load shards.
+"""Model setup: fetch once per node, build on the meta device, shard with FSDP2 (trainer.parallel), load shards.
 
 No rank ever materialises the full model in host memory: every rank builds the model on
 the meta device, shards it with fully_shard (one group per decoder layer, and the tied
@@ -15,12 +15,9 @@ import functools
 import hashlib
 import json
 import logging
-import math
 import re
 import shutil
-from collections import Counter
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +25,7 @@ import torch
 from torch import nn
 
 from facts.errors import UserError, first_line
+from trainer.parallel import shard_model
 
 log = logging.getLogger("trainer")
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
@@ -385,24 +383,6 @@ def check_architecture(config) -> ModelParts:
     return model_parts(model)
 
 
-def shard_model(model: nn.Module, mp_policy, mesh=None) -> nn.Module:
-    """fully_shard each decoder layer, the embedding/norm/lm_head group, then the root (everything else)."""
-    from torch.distributed.fsdp import fully_shard
-
-    parts = model_parts(model)
-    for i, layer in enumerate(parts.layers):
-        # The last layer is needed again right away by backward: keep it gathered.
-        fully_shard(layer, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=i < len(parts.layers) - 1)
-    tail = [m for m in (parts.norm, parts.head) if m is not None]
-    if parts.tied:
-        fully_shard([parts.embed, *tail], mesh=mesh, mp_policy=mp_policy)
-    else:
-        fully_shard(parts.embed, mesh=mesh, mp_policy=mp_policy)
-        fully_shard(tail, mesh=mesh, mp_policy=mp_policy)
-    fully_shard(model, mesh=mesh, mp_policy=mp_policy)
-    return model
-
-
 def has_weights(path: str | Path) -> bool:
     return bool(weight_files(path))
 
@@ -503,7 +483,7 @@ def build_model(
     if kernels == "liger" or (kernels == "auto" and use_gpu and liger_kernels_available()):
         try:
             model.liger_kernels = apply_liger_kernels(model)
-        except Exception as e:  # noqa: BLE001 - a Liger release that does not fit this transformers
+        except Exception as e:
             if kernels == "liger":
                 raise
             log.warning("Liger kernels not applied (%s: %s); using transformers' modules", type(e).__name__, e)
@@ -524,112 +504,3 @@ def build_model(
 
 
 # ---------------------------------------------------------------- sharding plan
-
-@dataclass(frozen=True)
-class ShardingPlan:
-    """How the ranks shard the model: mesh shape and why."""
-
-    kind: str                 # "full" or "hybrid"
-    replicate: int            # model replicas (nodes, for hybrid)
-    shard: int                # ranks each replica is sharded over
-    nodes: int
-    ranks_per_node: int
-    reason: str
-
-    @property
-    def mesh_shape(self) -> tuple[int, ...]:
-        return (self.replicate, self.shard) if self.kind == "hybrid" else (self.shard,)
-
-    @property
-    def mesh_dim_names(self) -> tuple[str, ...]:
-        return ("replicate", "shard") if self.kind == "hybrid" else ("fsdp",)
-
-
-def plan_sharding(sharding: str, world_size: int, hosts: list[str], *, shard_size: int = 0,
-                  instance_type: str | None = None, micro_batches: int = 1, params: int | None = None,
-                  param_bytes: int = 2) -> ShardingPlan:
-    """Full sharding over every rank, or hybrid: shard inside a node, replicate across nodes.
-
-    `hosts` is every rank's hostname (node count and ranks per node); `shard_size`
-    overrides the ranks per shard group. `auto` takes hybrid when the communication
-    estimate for the instance type favours it, and hybrid on several nodes of an unknown
-    type (only the gradient all-reduce then crosses the slower network).
-    """
-    from trainer.flops import choose_sharding, comm_estimate, format_estimate, instance_network
-
-    if sharding not in ("auto", "full", "hybrid"):
-        raise ValueError(f"sharding {sharding!r}: use auto, full or hybrid")
-    per_host = Counter(hosts)
-    nodes = len(per_host)
-    even = len(set(per_host.values())) == 1
-    ranks_per_node = world_size // nodes if even else 0
-    if shard_size:
-        if world_size % shard_size:
-            raise ValueError(f"shard size {shard_size} does not divide the {world_size} workers; "
-                             f"use a divisor of {world_size}")
-        group = shard_size
-    elif even:
-        group = ranks_per_node
-    elif sharding == "hybrid":
-        raise ValueError(f"hybrid sharding needs the same number of workers on every node, got "
-                         f"{dict(per_host)}; pass --shard-size or use --sharding full")
-    else:
-        group = world_size
-    reason = f"--sharding {sharding}"
-    kind = sharding
-    if sharding == "auto":
-        if shard_size:
-            kind, reason = "hybrid", f"--shard-size {shard_size}"
-        elif nodes <= 1:
-            kind, reason = "full", "one node"
-        elif instance_type:
-            net = instance_network(instance_type)
-            est = comm_estimate(params or 10**9, nodes=nodes, gpus_per_node=group, network_gbps=net["network_gbps"],
-                                intra_node_gbytes_per_s=net["intra_node_gbytes_per_s"],
-                                micro_batches=micro_batches, param_bytes=param_bytes)
-            kind = choose_sharding(est, nodes)
-            reason = format_estimate(est, nodes=nodes, gpus_per_node=group, instance_type=instance_type,
-                                     network_gbps=net["network_gbps"], chosen=kind)
-            if params is None:
-                reason += " (seconds per 1B parameters)"
-        else:
-            kind, reason = "hybrid", f"{nodes} nodes of unknown instance type: only gradients cross nodes"
-    if kind == "hybrid" and world_size // group == 1:
-        kind, reason = "full", reason + "; one replica, so full sharding"
-    if kind == "full":
-        return ShardingPlan("full", 1, world_size, nodes, ranks_per_node, reason)
-    return ShardingPlan("hybrid", world_size // group, group, nodes, ranks_per_node, reason)
-
-
-def build_optimizer(model: nn.Module, *, lr: float, weight_decay: float, fused: bool,
-                    betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8) -> torch.optim.Optimizer:
-    """AdamW without decay on biases and norm weights; fused kernels on GPU."""
-    decay, no_decay = [], []
-    for p in model.parameters():
-        if p.requires_grad:
-            (decay if p.ndim >= 2 else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    if fused:
-        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=True)
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, foreach=True)
-
-
-def lr_factor(step: int, *, warmup: int, total: int, schedule: str, min_ratio: float) -> float:
-    """Multiplier of the peak LR at a step: linear warm-up, then cosine/linear decay to min_ratio."""
-    if warmup and step < warmup:
-        return (step + 1) / warmup
-    if schedule == "constant":
-        return 1.0
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    if schedule == "linear":
-        shape = 1.0 - progress
-    else:
-        shape = 0.5 * (1.0 + math.cos(math.pi * progress))
-    return min_ratio + (1.0 - min_ratio) * shape
-
-
-def build_scheduler(optimizer: torch.optim.Optimizer, *, warmup: int, total: int, schedule: str,
-                    min_ratio: float) -> torch.optim.lr_scheduler.LambdaLR:
-    fn = partial(lr_factor, warmup=warmup, total=total, schedule=schedule, min_ratio=min_ratio)
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
-

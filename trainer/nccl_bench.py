@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import socket
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass

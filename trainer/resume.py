@@ -110,11 +110,12 @@ def _which_files(a: dict, b: dict) -> str:
 def recorded(run_storage) -> dict | None:
     """The run.json of a run folder that has something to resume from (a checkpoint or an export)."""
     from trainer import checkpoint as ckpt
+    from trainer.export import EXPORT_DIR
 
     try:
         if not run_storage.exists(RUN_RECORD):
             return None
-        has_state = any(ckpt.step_of(n) is not None or n == ckpt.EXPORT_DIR for n in run_storage.list_dirs())
+        has_state = any(ckpt.step_of(n) is not None or n == EXPORT_DIR for n in run_storage.list_dirs())
         record = json.loads(run_storage.read_text(RUN_RECORD)) if has_state else None
     except (OSError, ValueError):
         return None

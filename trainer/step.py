@@ -26,7 +26,7 @@ import logging
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Mapping
+from typing import Iterable, Iterator, Mapping
 
 import torch
 import torch.distributed as dist
@@ -38,6 +38,7 @@ from trainer.losses import IMPLEMENTATIONS, linear_cross_entropy_sum, liger_avai
 log = logging.getLogger("trainer")
 IGNORE_INDEX = -100
 LOSSES = ("auto",) + IMPLEMENTATIONS
+DEFAULT_LOSS = "auto"  # the step's loss, and the one the micro-batch probe runs (trainer.memory): the same memory
 
 
 @dataclass
@@ -222,7 +223,7 @@ def check_loss_path(model: torch.nn.Module, impl: str, device: torch.device) -> 
     try:
         with torch.no_grad():
             reference = forward_loss(model, batch, "plain")[0]
-            if not bool(_min_over_ranks([int(bool(torch.isfinite(reference)))], device)[0]):
+            if not bool(min_over_ranks([int(bool(torch.isfinite(reference)))], device)[0]):
                 return impl  # weights that give NaN prove nothing here; StepHealth stops the run at its first step
             chosen = "plain"
             for candidate in order:
@@ -234,7 +235,7 @@ def check_loss_path(model: torch.nn.Module, impl: str, device: torch.device) -> 
         model.train(training)
         _reshard(model)
     ranked = ("liger", "chunked", "plain")
-    chosen = ranked[-_min_over_ranks([-ranked.index(chosen)], device)[0]]
+    chosen = ranked[-min_over_ranks([-ranked.index(chosen)], device)[0]]
     if chosen != impl and (not dist.is_initialized() or dist.get_rank() == 0):
         log.warning("loss %s does not reproduce %s's own loss on a 32-token check (known transform after the "
                     "head: %s): using %s", impl, type(model).__name__.removeprefix("FSDP"), transform, chosen)
@@ -268,6 +269,15 @@ def _replicated(model: torch.nn.Module) -> bool:
     return mesh is not None and mesh.ndim == 2 and mesh.size(0) > 1 and hasattr(model, "set_requires_all_reduce")
 
 
+def min_over_ranks(values: list[int], device: torch.device) -> list[int]:
+    """Each value's minimum over all ranks (a collective when there are several)."""
+    if _world_size() > 1:
+        t = torch.tensor(values, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return [int(v) for v in t.tolist()]
+    return values
+
+
 def train_step(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -276,7 +286,7 @@ def train_step(
     *,
     device: torch.device,
     grad_clip: float = 1.0,
-    loss: str = "auto",
+    loss: str = DEFAULT_LOSS,
 ) -> StepOutput:
     """Forward/backward every micro-batch, clip, step optimizer and schedule; returns device tensors.
 
@@ -365,136 +375,3 @@ class StepHealth:
             where + f"the gradient is exactly zero (loss {loss:g}): nothing would be learned, so the run stops; the "
             f"loss does not depend on the weights (weights all zero, or a model whose logits are changed after the "
             f"head in a way the loss does not see)")
-
-
-@torch.no_grad()
-def document_losses(model: torch.nn.Module, batch: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
-    """Per-document mean response-token loss of a packed micro-batch (documents split at position 0)."""
-    out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False)
-    token_loss = F.cross_entropy(out.logits.float().flatten(0, 1), batch["labels"].flatten(),
-                                 ignore_index=IGNORE_INDEX, reduction="none").view(batch["labels"].shape)
-    losses = []
-    for row in range(batch["input_ids"].shape[0]):
-        pos = batch["position_ids"][row]
-        starts = (pos == 0).nonzero().flatten().tolist() + [pos.numel()]
-        for a, b in zip(starts[:-1], starts[1:]):
-            mask = batch["labels"][row, a:b] != IGNORE_INDEX
-            if mask.any():
-                losses.append(token_loss[row, a:b][mask].mean())
-    return losses
-
-
-# ---------------------------------------------------------------- micro-batch size
-
-def fit_micro_batch(rows: int, *, fixed_bytes: float, per_row_bytes: float, budget_bytes: float) -> int:
-    """Largest divisor of `rows` (a rank's sequences per step) whose memory fits the budget; at least 1."""
-    fits = [d for d in range(1, rows + 1) if rows % d == 0 and fixed_bytes + d * per_row_bytes <= budget_bytes]
-    return max(fits, default=1)
-
-
-def _available_host_bytes() -> float:
-    try:
-        for line in open("/proc/meminfo"):
-            if line.startswith("MemAvailable:"):
-                return float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 8 * 2**30
-
-
-def activation_bytes_per_row(config, seq_len: int, dtype_bytes: int = 4, checkpointed: bool = False) -> float:
-    """Rough activation memory one sequence keeps for backward (CPU, where nothing can be measured).
-
-    With activation checkpointing only each layer's input is kept, plus one layer's
-    activations while it is recomputed.
-    """
-    d, ff, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-    heads = config.num_attention_heads
-    per_token_layer = 16 * d + 4 * ff + heads * seq_len  # projections, norms, MLP, attention probabilities
-    per_token = layers * d + per_token_layer if checkpointed else layers * per_token_layer
-    return float(seq_len * per_token * dtype_bytes)
-
-
-def _probe_peak(model, rows: int, seq_len: int, device: torch.device, impl: str) -> float:
-    """Peak extra device memory of one forward/backward of `rows` random sequences (no optimizer step)."""
-    vocab = model.config.vocab_size
-    ids = torch.randint(0, vocab, (rows, seq_len), device=device)
-    pos = torch.arange(seq_len, device=device).expand(rows, seq_len)
-    labels = torch.roll(ids, -1, 1)
-    labels[:, -1] = IGNORE_INDEX
-    batch = {"input_ids": ids, "position_ids": pos, "labels": labels}
-    if impl != "plain":
-        batch["loss_index"] = loss_index(labels.cpu()).to(device)
-    torch.cuda.synchronize(device)
-    base = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    token_loss_sum(model, batch, impl).backward()
-    torch.cuda.synchronize(device)
-    peak = torch.cuda.max_memory_allocated(device) - base
-    model.zero_grad(set_to_none=True)
-    return float(peak)
-
-
-def measure_row_memory(probe: Callable[[int], float], *, budget: float, states: float,
-                       agree: Callable[[bool], bool] = lambda ok: ok) -> tuple[float, float]:
-    """(fixed, per-sequence) bytes from probe passes of 1 and, when it is safe, 2 sequences.
-
-    The 2-sequence pass runs only when the first says it fits with room to spare, on every
-    rank (`agree`: the passes are collectives, so all ranks must run the same ones); a long
-    sequence on a small GPU would otherwise run out of memory in the probe itself. Without
-    it the whole 1-sequence peak counts per sequence: an overestimate, so the choice stays safe.
-    """
-    one = probe(1)
-    if agree(2 * one + states <= budget):
-        two = probe(2)
-        return max(2 * one - two, 0.0), max(two - one, 1.0)
-    return 0.0, max(one, 1.0)
-
-
-def _min_over_ranks(values: list[int], device: torch.device) -> list[int]:
-    """Each value's minimum over all ranks (a collective when there are several)."""
-    if _world_size() > 1:
-        t = torch.tensor(values, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN)
-        return [int(v) for v in t.tolist()]
-    return values
-
-
-def choose_micro_batch(model, optimizer: torch.optim.Optimizer, *, rows: int, seq_len: int, device: torch.device,
-                       loss: str = "auto", headroom: float = 0.9, ranks_per_host: int = 1) -> dict:
-    """The largest micro-batch (a divisor of this rank's rows per step) that fits in free memory.
-
-    On a GPU it is measured: one forward/backward of 1 and of 2 sequences gives the fixed
-    and the per-sequence peak (measure_row_memory); optimizer states not created yet (2 fp32 copies of this
-    rank's shard for AdamW) are added. On a CPU it is estimated from the model shape and
-    the host's available memory, split evenly between the `ranks_per_host` ranks that
-    share it (each GPU has its own memory). Every rank takes the smallest answer; `fits`
-    is false when not even one sequence fits.
-    """
-    if ranks_per_host < 1:
-        raise ValueError(f"ranks_per_host = {ranks_per_host}: must be at least 1 (the ranks sharing this host)")
-    impl = loss_path(model, resolve_loss(loss, device))  # the loop checks it first (check_loss_path)
-    checkpointed = bool(getattr(model, "is_gradient_checkpointing", False))
-    local_params = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.parameters())
-    states = 0 if optimizer.state else 8 * local_params
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        budget = (free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)) * headroom
-        try:
-            fixed, per_row = measure_row_memory(lambda n: _probe_peak(model, n, seq_len, device, impl),
-                                                budget=budget, states=states,
-                                                agree=lambda ok: bool(_min_over_ranks([int(ok)], device)[0]))
-        except torch.cuda.OutOfMemoryError as e:
-            raise MemoryError(
-                f"one sequence of {seq_len} tokens does not fit in GPU memory for a forward/backward pass "
-                f"(activation checkpointing {'on' if checkpointed else 'off'}): pass --activation-checkpointing, "
-                f"lower --seq-len, or add workers to shard the model further") from e
-        source = "measured"
-    else:
-        per_row = activation_bytes_per_row(model.config, seq_len, checkpointed=checkpointed)
-        fixed, budget, source = 0.0, _available_host_bytes() * headroom / ranks_per_host, "estimated"
-    chosen = fit_micro_batch(rows, fixed_bytes=fixed + states, per_row_bytes=per_row, budget_bytes=budget)
-    chosen, fits = _min_over_ranks([chosen, int(fixed + states + per_row <= budget)], device)
-    return {"micro_batch_size": chosen, "fits": bool(fits), "activation_checkpointing": checkpointed,
-            "per_row_gib": per_row / 2**30, "fixed_gib": (fixed + states) / 2**30,
-            "budget_gib": budget / 2**30, "source": source, "ranks_per_host": ranks_per_host}

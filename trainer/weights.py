@@ -83,7 +83,7 @@ class Checkpoint:
                     self._handles[name] = safe_open(str(path), framework="pt", device="cpu")
                 else:
                     self._handles[name] = torch.load(str(path), map_location="cpu", mmap=True, weights_only=True)
-            except BaseException as e:  # noqa: BLE001 - a truncated or foreign file (a Rust panic included): name it
+            except BaseException as e:
                 if isinstance(e, (KeyboardInterrupt, SystemExit)):
                     raise
                 raise ModelSourceError(f"model weights in {self.folder}: {name} cannot be read ({_first_line(e)}); "
@@ -243,7 +243,7 @@ def load_sharded(model: nn.Module, folder: Path) -> dict:
                         loaded.add(name)
                     else:
                         loaded.update(_load_converted(model, name, entry, ckpt, targets))
-                except Exception as e:  # noqa: BLE001 - every failure names the tensor and the file
+                except Exception as e:
                     if isinstance(e, ModelSourceError):
                         raise ModelSourceError(f"model weights in {folder}: {what}: {e}") from e
                     raise ModelSourceError(f"model weights in {folder}: {what} cannot be loaded into {name} "

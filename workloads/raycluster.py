@@ -29,7 +29,6 @@ API_VERSION = "ray.io/v1"
 KIND = "RayCluster"
 HEAD_CONTAINER = "ray-head"
 WORKER_CONTAINER = "ray-worker"
-CHECKPOINT_ENV = ray_facts.CHECKPOINT_ENV  # on the head: `python -m trainer train`'s default storage path
 RAY_TMP_VOLUME = "ray-tmp"
 # Its own volume at the NCCL debug files' folder: Kubernetes creates the mount point before the
 # container starts, so the folder exists before any Ray process (NCCL creates no directories).
@@ -246,7 +245,7 @@ def spec(settings: Workloads, *, image: str, checkpoint_uri: str) -> dict:
 
     head = _container(
         HEAD_CONTAINER, image,
-        env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}, {"name": CHECKPOINT_ENV, "value": checkpoint_uri}],
+        env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}, {"name": ray_facts.CHECKPOINT_ENV, "value": checkpoint_uri}],
         resources=head_size(settings.head_instance).quantities(),
         ports=[{"name": name, "containerPort": port} for name, port in ray_facts.HEAD_PORTS.items()],
     )

@@ -65,7 +65,7 @@ def write_model(name: str, tied: bool, folder: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config(name, tied), dtype=torch.float32)
     with torch.no_grad():  # norms and biases away from their init values: loading them is then visible
-        for n, p in model.named_parameters():
+        for p in model.parameters():
             if p.ndim == 1:
                 p.add_(torch.randn_like(p) * 0.1)
     tmp = folder.with_name(folder.name + ".tmp")

@@ -125,7 +125,7 @@ def ray_cluster():
             try:
                 ray.init(address=cluster.address, logging_level="WARNING")
                 break
-            except Exception:  # noqa: BLE001 - not up yet
+            except Exception:
                 if time.time() > deadline:
                     raise
                 time.sleep(1.0)

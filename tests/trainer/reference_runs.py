@@ -22,6 +22,7 @@ import torch
 
 from trainer import checkpoint as ckpt
 from trainer.config import TrainConfig, flag
+from trainer.export import EXPORT_DIR
 from trainer.storage import Storage
 
 STEPS = 24
@@ -122,7 +123,7 @@ def assert_identical(actual: dict, expected: dict, what: str) -> None:
 
 def assert_same_training(run: Path, reference: Path, final_checkpoint: Path | None = None) -> None:
     """The exported bf16 weights and the final checkpoint's fp32 model + optimizer state equal the reference's."""
-    assert_identical(exported_weights(run / ckpt.EXPORT_DIR), exported_weights(reference / ckpt.EXPORT_DIR),
+    assert_identical(exported_weights(run / EXPORT_DIR), exported_weights(reference / EXPORT_DIR),
                      "exported weights")
     final = ckpt.dir_name(STEPS)
     assert_identical(checkpoint_state(final_checkpoint or run / final), checkpoint_state(reference / final),

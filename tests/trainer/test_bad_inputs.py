@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer import launch, local
+from trainer import launch
 from trainer.__main__ import main as trainer
 
 
@@ -162,7 +162,8 @@ def test_a_tokenizer_without_a_chat_template_is_caught_before_ray_starts_with_th
     template.write_text(demo.CHAT_TEMPLATE)
     from trainer.config import parse
 
-    assert launch.preflight(parse(argv + ["--chat-template", str(template)]))["tokenizer"].chat_template == demo.CHAT_TEMPLATE  # the fix works
+    fixed = launch.preflight(parse(argv + ["--chat-template", str(template)]))
+    assert fixed["tokenizer"].chat_template == demo.CHAT_TEMPLATE  # the fix works
     assert trainer(["train", *argv, "--chat-template", str(inputs["tmp"] / "missing.jinja")]) == 2
     assert "--chat-template" in capsys.readouterr().err
     assert not (inputs["tmp"] / "runs").exists()
@@ -292,7 +293,8 @@ def test_every_cli_turns_a_bad_input_into_one_error_line_never_a_traceback(comma
 
 def test_the_job_records_what_packing_cut_or_dropped_in_its_event_log(process_group, inputs, tmp_path, caplog):
     from trainer.config import TrainConfig
-    from trainer.loop import run, setup_parallel
+    from trainer.loop import run
+    from trainer.parallel import setup_parallel
     from trainer.storage import Storage
 
     rows = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a " * n}]}

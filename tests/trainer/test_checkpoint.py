@@ -11,7 +11,9 @@ import torch
 
 from trainer import checkpoint as ckpt
 from trainer.data import prepare
-from trainer.model import build_model, build_optimizer, build_scheduler, load_tokenizer
+from trainer.export import save_safetensors
+from trainer.model import build_model, load_tokenizer
+from trainer.optim import build_optimizer, build_scheduler
 from trainer.step import train_step
 from trainer.storage import Storage
 
@@ -39,12 +41,21 @@ def test_folders_without_the_completion_marker_are_never_resumed(tmp_path):
         store.write_text("{}", ckpt.dir_name(step), ckpt.TRAIN_STATE)
     store.write_text(json.dumps({"step": 5}), ckpt.dir_name(5), ckpt.MARKER)
     store.write_text("junk", "checkpoint_manager_snapshot.json")
-    assert ckpt.latest_complete(store) == "checkpoint_00000005"
+    assert ckpt.resume_point(store) == "checkpoint_00000005"
     # even when Ray reports the incomplete one as its latest checkpoint
-    assert ckpt.latest_complete(store, preferred=store.path("checkpoint_00000010")) == "checkpoint_00000005"
+    assert ckpt.resume_point(store, preferred=store.path("checkpoint_00000010")) == "checkpoint_00000005"
     store.write_text("{}", ckpt.dir_name(10), ckpt.MARKER)
-    assert ckpt.latest_complete(store) == "checkpoint_00000010"
-    assert ckpt.latest_complete(Storage.from_uri(str(tmp_path / "empty"))) is None
+    assert ckpt.resume_point(store) == "checkpoint_00000010"
+    assert ckpt.resume_point(Storage.from_uri(str(tmp_path / "empty"))) is None
+
+
+def test_a_marker_of_a_format_this_trainer_does_not_read_is_never_resumed_from(tmp_path, caplog):
+    store = Storage.from_uri(str(tmp_path))
+    for step, fmt in ((5, ckpt.MARKER_FORMAT), (10, ckpt.MARKER_FORMAT + 1)):
+        store.write_text("{}", ckpt.dir_name(step), ckpt.TRAIN_STATE)
+        store.write_text(json.dumps({"format": fmt, "step": step}), ckpt.dir_name(step), ckpt.MARKER)
+    assert ckpt.resume_point(store) == ckpt.dir_name(5)
+    assert f"is of format {ckpt.MARKER_FORMAT + 1}; this trainer reads formats" in caplog.text
 
 
 def _setup(model_path, total=20):
@@ -71,7 +82,7 @@ def test_save_then_load_restores_model_optimizer_schedule_and_rng(process_group,
 
     model2, opt2, sched2 = _setup(demo_assets["model"])
     torch.manual_seed(999)
-    state = ckpt.load(store, ckpt.latest_complete(store), model2, opt2, sched2)
+    state = ckpt.load(store, ckpt.resume_point(store), model2, opt2, sched2)
     assert state["step"] == 3 and state["data_position"]["rows_consumed"] == 12
     assert (torch.rand(1), random.random(), np.random.rand()) == expected_rng
     assert sched2.last_epoch == 3 and opt2.param_groups[0]["lr"] == pytest.approx(lr_at_save)
@@ -84,7 +95,7 @@ def test_large_exports_are_sharded_the_way_from_pretrained_reads_them(demo_asset
 
     source = AutoModelForCausalLM.from_pretrained(demo_assets["model"])
     state = {k: v.to(torch.bfloat16) for k, v in source.state_dict().items() if k != "lm_head.weight"}
-    ckpt._save_safetensors(state, tmp_path, max_shard_size="300KB")
+    save_safetensors(state, tmp_path, max_shard_size="300KB")
     source.config.save_pretrained(tmp_path)
     assert len(list(tmp_path.glob("model-0000*-of-*.safetensors"))) > 1
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path)

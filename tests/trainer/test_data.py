@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import json
+from itertools import pairwise
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from trainer import demo
-from trainer.data import (IGNORE_INDEX, DataError, PackedData, best_fit_rows, check_records, load_records, pack,
-                          prepare, tokenize_messages)
+from trainer.data import IGNORE_INDEX, DataError, PackedData, best_fit_rows, check_records, load_records, pack, prepare
 from trainer.formats import to_example
+
+from .test_packing import tokenize_messages
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +42,7 @@ def test_loss_mask_covers_exactly_the_responses(tokenizer):
             {"role": "user", "content": "upper: xy"}, {"role": "assistant", "content": "XY"}]
     ids, mask = tokenize_messages(tokenizer, msgs)
     assert ids == tokenizer(tokenizer.apply_chat_template(msgs, tokenize=False), add_special_tokens=False)["input_ids"]
-    learned = tokenizer.decode([i for i, m in zip(ids, mask) if m])
+    learned = tokenizer.decode([i for i, m in zip(ids, mask, strict=True) if m])
     assert learned == "cba<|im_end|>\nXY<|im_end|>\n"
 
 
@@ -86,9 +85,9 @@ def test_packed_rows_hold_each_document_intact_with_its_own_positions():
             for n in rng.integers(2, 40, 60)]
     arrays, stats = pack(docs, seq_len=48, pad_id=0)
     found = []
-    for ids, pos, real in zip(arrays["input_ids"], arrays["position_ids"], arrays["real_tokens"]):
+    for ids, pos, real in zip(arrays["input_ids"], arrays["position_ids"], arrays["real_tokens"], strict=True):
         starts = [t for t in range(real) if pos[t] == 0] + [real]
-        found += [ids[a:b].tolist() for a, b in zip(starts[:-1], starts[1:])]
+        found += [ids[a:b].tolist() for a, b in pairwise(starts)]
         assert (ids[real:] == 0).all()
     assert sorted(found) == sorted(d[0] for d in docs) and stats.documents == len(docs)
     assert stats.real_tokens == sum(len(d[0]) for d in docs)

@@ -30,7 +30,8 @@ def _broken_copy(demo_assets, folder, how: str):
 
 def _run(process_group_folder, demo_assets, tmp_path):
     from trainer.config import TrainConfig
-    from trainer.loop import run, setup_parallel
+    from trainer.loop import run
+    from trainer.parallel import setup_parallel
     from trainer.storage import Storage
 
     cfg = TrainConfig(model=str(process_group_folder), dataset=str(demo_assets["train"]), seq_len=128,

@@ -19,7 +19,8 @@ import torch
 
 from trainer import checkpoint as ckpt
 from trainer import launch
-from trainer.model import build_model, build_optimizer, build_scheduler
+from trainer.model import build_model
+from trainer.optim import build_optimizer, build_scheduler
 from trainer.storage import Storage
 
 from . import reference_runs as runs
@@ -157,7 +158,7 @@ def test_a_checkpoint_without_its_marker_is_never_loaded_and_the_previous_one_is
     shard = run / torn / "__1_0.distcp"
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
     (run / torn / "rng" / "rank_1.pt").unlink()
-    assert ckpt.latest_complete(Storage.from_uri(str(run))) == previous
+    assert ckpt.resume_point(Storage.from_uri(str(run))) == previous
 
     result = launch.train(runs.config(demo_assets, trainer_cache, str(tmp_path), "torn"), quiet=True)
     assert result.error is None, result.error
@@ -181,17 +182,17 @@ def test_a_marker_is_trusted_only_while_every_file_it_lists_is_there(process_gro
     assert {".metadata", ckpt.TRAIN_STATE, "rng/rank_0.pt", "__0_0.distcp"} <= set(marker["files"])
     sizes = {k: v for k, v in store.file_sizes(ckpt.dir_name(2)).items() if k != ckpt.MARKER}
     assert {k: f["size"] for k, f in marker["files"].items()} == sizes
-    assert ckpt.latest_complete(store) == ckpt.dir_name(2)
+    assert ckpt.resume_point(store) == ckpt.dir_name(2)
     # stopped after writing the marker of step 2 but before reporting it: Ray still names step 1
-    assert ckpt.latest_complete(store, preferred=store.path(ckpt.dir_name(1))) == ckpt.dir_name(2)
+    assert ckpt.resume_point(store, preferred=store.path(ckpt.dir_name(1))) == ckpt.dir_name(2)
 
     # a deletion cut short (a crash while Ray removed an old checkpoint) leaves the marker behind
     shard = tmp_path / "run" / ckpt.dir_name(2) / "__0_0.distcp"
     shard.write_bytes(shard.read_bytes()[:100])
     assert not ckpt.is_complete(store, ckpt.dir_name(2))
-    assert ckpt.latest_complete(store, preferred=store.path(ckpt.dir_name(2))) == ckpt.dir_name(1)
+    assert ckpt.resume_point(store, preferred=store.path(ckpt.dir_name(2))) == ckpt.dir_name(1)
     shard.unlink()
-    assert ckpt.latest_complete(store) == ckpt.dir_name(1)
+    assert ckpt.resume_point(store) == ckpt.dir_name(1)
     # and a half-written marker (a crash while writing it on a local disk) is no marker
     store.write_text('{"step": 1, "fi', ckpt.dir_name(1), ckpt.MARKER)
-    assert ckpt.latest_complete(store) is None
+    assert ckpt.resume_point(store) is None

@@ -77,7 +77,7 @@ def ours(tok, rows: list[dict], train_on: str = "completion") -> list[tuple[list
 
 
 def trained_text(tok, ids: list[int], mask: list[bool]) -> str:
-    return tok.decode([i for i, m in zip(ids, mask) if m])
+    return tok.decode([i for i, m in zip(ids, mask, strict=True) if m])
 
 
 def test_conversations_with_tools_and_tool_calls_match_trl_assistant_only_loss(model, tmp_path):
@@ -197,7 +197,8 @@ def test_no_chat_template_and_history_rewriting_templates_name_the_fix():
     # drops earlier assistant turns' reasoning once a later turn follows (as Qwen3's template does)
     rewriting = ("{% for m in messages %}{% if m.role == 'assistant' and not loop.last %}"
                  "{{ m.role }}:{{ m.content.split('</think>')[-1] }}{{ '\n' }}{% else %}"
-                 "{{ m.role }}:{{ m.content }}{{ '\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
+                 "{{ m.role }}:{{ m.content }}{{ '\n' }}{% endif %}{% endfor %}"
+                 "{% if add_generation_prompt %}assistant:{% endif %}")
     record = {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "<think>t</think>b"},
                            {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]}
     with pytest.raises(DataError, match=r"messages\[3\]: the chat template renders earlier turns differently.*"

@@ -9,8 +9,8 @@ import dataclasses
 import pytest
 import torch
 
-from trainer import flops
-from trainer.model import plan_sharding
+from trainer import parallel
+from trainer.parallel import plan_sharding
 
 from .conftest import free_port
 
@@ -54,9 +54,9 @@ def test_explicit_choices_and_bad_topologies():
 
 
 def test_full_sharding_over_two_g6_nodes_moves_0_9_model_sizes_per_collective():
-    net = flops.instance_network("g6.12xlarge")
+    net = parallel.instance_network("g6.12xlarge")
     assert (net["network_gbps"], net["gpudirect_rdma"], net["gpus_per_node"]) == (40, False, 4)
-    est = flops.comm_estimate(QWEN_PARAMS, nodes=2, gpus_per_node=4, network_gbps=40,
+    est = parallel.comm_estimate(QWEN_PARAMS, nodes=2, gpus_per_node=4, network_gbps=40,
                               intra_node_gbytes_per_s=net["intra_node_gbytes_per_s"], micro_batches=1)
     full, hybrid = est["full"], est["hybrid"]
     # bf16 all-gather twice, fp32 reduce-scatter once: 8 bytes per parameter per micro-batch, 7/8 of it over the wire
@@ -65,14 +65,14 @@ def test_full_sharding_over_two_g6_nodes_moves_0_9_model_sizes_per_collective():
     # hybrid: only the fp32 gradient all-reduce crosses nodes, 2 (n-1)/n of it
     assert hybrid["bytes_over_network"] == pytest.approx(4 * QWEN_PARAMS)
     assert hybrid["seconds"] < full["seconds"]
-    text = flops.format_estimate(est, nodes=2, gpus_per_node=4, instance_type="g6.12xlarge", network_gbps=40,
+    text = parallel.format_estimate(est, nodes=2, gpus_per_node=4, instance_type="g6.12xlarge", network_gbps=40,
                                  chosen="hybrid")
     assert "g6.12xlarge" in text and "full sharding 2.16 s" in text and "hybrid 1.61 s" in text
 
 
 def test_an_unknown_instance_type_is_named_with_the_known_ones():
     with pytest.raises(ValueError, match="instance type 'g9.huge': unknown; use one of g6.12xlarge"):
-        flops.instance_network("g9.huge")
+        parallel.instance_network("g9.huge")
 
 
 # ---------------------------------------------------------------- ranks sharing a host
@@ -80,15 +80,15 @@ def test_an_unknown_instance_type_is_named_with_the_known_ones():
 def test_ranks_sharing_a_host_split_its_memory_for_the_automatic_micro_batch(monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    from trainer import demo, step
+    from trainer import demo, memory
 
     model = AutoModelForCausalLM.from_config(demo.model_config())
     opt = torch.optim.AdamW(model.parameters())
     cpu = torch.device("cpu")
 
     def choose(host_bytes: float, ranks: int) -> dict:
-        monkeypatch.setattr(step, "_available_host_bytes", lambda: host_bytes)
-        return step.choose_micro_batch(model, opt, rows=8, seq_len=128, device=cpu, ranks_per_host=ranks)
+        monkeypatch.setattr(memory, "available_host_bytes", lambda: host_bytes)
+        return memory.choose_micro_batch(model, opt, rows=8, seq_len=128, device=cpu, ranks_per_host=ranks)
 
     plenty = choose(2.0**40, 1)
     per_row, fixed = plenty["per_row_gib"] * 2**30, plenty["fixed_gib"] * 2**30
@@ -116,7 +116,8 @@ def _reference_losses(cfg) -> list[float]:
     import torch.distributed as dist
 
     from trainer.data import prepare
-    from trainer.model import build_model, build_optimizer, build_scheduler, load_tokenizer
+    from trainer.model import build_model, load_tokenizer
+    from trainer.optim import build_optimizer, build_scheduler
     from trainer.step import train_step
 
     # The address goes in init_method, not MASTER_PORT: a port left in os.environ is inherited by later
@@ -147,9 +148,8 @@ def test_hybrid_2x2_mesh_on_4_ray_workers_trains_like_one_process(ray_cluster, t
     from trainer.metrics import read_metrics
 
     out = tmp_path / "hybrid"
-    args = local._parser().parse_args(ARGS + ["--workers", "4", "--out", str(out)])
     local.prepare_assets(out, seed=0)
-    cfg = dataclasses.replace(local.make_config(args, out), sharding="hybrid", shard_size=2, export=False,
+    cfg = dataclasses.replace(local.demo_config(ARGS + ["--workers", "4"], out), sharding="hybrid", shard_size=2, export=False,
                               max_failures=0, progress=False)
     assert cfg.grad_accum_steps == 2  # 2 micro-batches per rank: the all-reduce is deferred to the second
     result = launch.train(cfg)
@@ -158,7 +158,8 @@ def test_hybrid_2x2_mesh_on_4_ray_workers_trains_like_one_process(ray_cluster, t
     hybrid = [r["loss"] for r in rows]
     reference = _reference_losses(cfg)
     assert len(hybrid) == STEPS and len(set(hybrid)) > 1
-    assert max(abs(a - b) / b for a, b in zip(hybrid, reference)) < 1e-3, list(zip(hybrid, reference))
+    pairs = list(zip(hybrid, reference, strict=True))
+    assert max(abs(a - b) / b for a, b in pairs) < 1e-3, pairs
     # the checkpoint holds each weight in 2 shards (shard dim), not 4: the model was sharded 2-way, replicated 2-way
     meta = dcp.FileSystemReader(str(out / f"checkpoint_{STEPS:08d}")).read_metadata().state_dict_metadata
     key = next(k for k in meta if k.startswith("model.") and k.endswith("layers.0.mlp.up_proj.weight"))
@@ -166,7 +167,7 @@ def test_hybrid_2x2_mesh_on_4_ray_workers_trains_like_one_process(ray_cluster, t
 
 
 def test_the_two_sequence_probe_runs_only_when_it_is_safe_on_every_rank():
-    from trainer.step import measure_row_memory
+    from trainer.memory import measure_row_memory
 
     calls = []
 
@@ -185,7 +186,7 @@ def test_the_two_sequence_probe_runs_only_when_it_is_safe_on_every_rank():
 def test_running_out_of_gpu_memory_in_the_probe_names_the_fixes(monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    from trainer import demo, step
+    from trainer import demo, memory
 
     model = AutoModelForCausalLM.from_config(demo.model_config())
     opt = torch.optim.AdamW(model.parameters())
@@ -197,9 +198,9 @@ def test_running_out_of_gpu_memory_in_the_probe_names_the_fixes(monkeypatch):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (20 * 2**30, 24 * 2**30))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 0)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)
-    monkeypatch.setattr(step, "_probe_peak", out_of_memory)
+    monkeypatch.setattr(memory, "probe_peak", out_of_memory)
     with pytest.raises(MemoryError) as e:
-        step.choose_micro_batch(model, opt, rows=8, seq_len=8192, device=torch.device("cuda", 0), loss="chunked")
+        memory.choose_micro_batch(model, opt, rows=8, seq_len=8192, device=torch.device("cuda", 0), loss="chunked")
     msg = str(e.value)
     assert "one sequence of 8192 tokens does not fit in GPU memory" in msg
     assert "(activation checkpointing off)" in msg

@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _config(argv: list[str], out: Path):
-    return local.make_config(local._parser().parse_args(argv), out)
+    return local.demo_config(argv, out)
 
 
 def test_demo_defaults_apply_where_no_flag_or_yaml_key_is_given(tmp_path):

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
 from trainer.losses import chunk_rows_for, chunked_linear_cross_entropy, linear_cross_entropy_sum
 from trainer.step import IGNORE_INDEX, loss_index, resolve_loss, token_loss_sum, train_step
@@ -42,7 +43,7 @@ def test_chunked_equals_plain_in_fp32(chunk):
     ref = _value_and_grads(_plain, hidden, weight, labels)
     got = _value_and_grads(lambda h, w, y: chunked_linear_cross_entropy(h, w, y, chunk_rows=chunk),
                            hidden, weight, labels)
-    for a, b in zip(got, ref):
+    for a, b in zip(got, ref, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert ref[1][labels == IGNORE_INDEX].abs().max() == 0  # ignored tokens get no gradient
     assert ref[1].abs().max() > 0 and ref[2].abs().max() > 0
@@ -56,7 +57,7 @@ def test_chunked_is_as_accurate_as_plain_in_bf16():
     assert got[1].dtype == got[2].dtype == torch.bfloat16 and got[0].dtype == torch.float32
     exact = _value_and_grads(_plain, hidden.detach().double().requires_grad_(),
                              weight.detach().double().requires_grad_(), labels)
-    for name, a, b, e in zip(("loss", "hidden grad", "weight grad"), got, plain, exact):
+    for name, a, b, e in zip(("loss", "hidden grad", "weight grad"), got, plain, exact, strict=True):
         scale = float(e.abs().max())
         err_chunked, err_plain = float((a.double() - e).abs().max()), float((b.double() - e).abs().max())
         assert err_chunked <= 1e-2 * scale, (name, err_chunked, scale)  # bf16 rounding, no more
@@ -71,7 +72,7 @@ def test_restricting_to_labelled_tokens_changes_nothing():
     for impl in ("chunked", "plain"):
         got = _value_and_grads(lambda h, w, y: linear_cross_entropy_sum(h, w, y, impl=impl, index=idx, chunk_rows=50),
                                hidden, weight, labels)
-        for a, b in zip(got, ref):
+        for a, b in zip(got, ref, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
@@ -144,7 +145,7 @@ def _fsdp_worker(rank: int, world: int, port: int, model_dir: str, out_dir: str)
         result = {}
         for impl in ("plain", "chunked"):
             model = build_model(model_dir, device=cpu, use_gpu=False)
-            assert type(model.lm_head.weight).__name__ == "DTensor"  # sharded outside forward
+            assert isinstance(model.lm_head.weight, DTensor)  # sharded outside forward
             vocab = model.config.vocab_size
             batches = [packed_batch(vocab, seed=10 * rank + i) for i in range(2)]
             # raw gradients of one micro-batch, after FSDP's reduce-scatter
@@ -196,7 +197,7 @@ def test_chunked_applies_the_models_softcap_and_logit_scale_exactly(scale, softc
     ref = _value_and_grads(_transformed_plain(scale, softcap), hidden, weight, labels)
     got = _value_and_grads(lambda h, w, y: chunked_linear_cross_entropy(h, w, y, chunk_rows=64, scale=scale,
                                                                          softcap=softcap), hidden, weight, labels)
-    for a, b in zip(got, ref):
+    for a, b in zip(got, ref, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     untransformed = _value_and_grads(_plain, hidden, weight, labels)
     assert abs(float(untransformed[0]) - float(ref[0])) > 0.1 * float(ref[0])  # the transform matters here
@@ -212,7 +213,7 @@ def test_softcap_in_bf16_stays_within_bf16_rounding():
                              weight.detach().double().requires_grad_(), labels)
     got = _value_and_grads(lambda h, w, y: chunked_linear_cross_entropy(h, w, y, chunk_rows=128, softcap=4.0),
                            hidden, weight, labels)
-    for name, a, e in zip(("loss", "hidden grad", "weight grad"), got, exact):
+    for name, a, e in zip(("loss", "hidden grad", "weight grad"), got, exact, strict=True):
         assert float((a.double() - e).abs().max()) <= 1e-2 * float(e.abs().max()), name
 
 

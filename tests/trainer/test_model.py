@@ -9,8 +9,8 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from trainer.data import prepare
-from trainer.model import (ModelSourceError, build_model, build_optimizer, describe_source, load_tokenizer,
-                           lr_factor, resolve_model_path)
+from trainer.model import ModelSourceError, build_model, describe_source, load_tokenizer, resolve_model_path
+from trainer.optim import build_optimizer, lr_factor
 from trainer.step import train_step
 
 
@@ -52,9 +52,10 @@ def test_activation_checkpointing_changes_memory_not_numbers(process_group, demo
 
 def test_memory_forces_activation_checkpointing_only_when_one_sequence_does_not_fit(process_group, demo_assets,
                                                                                    tmp_path, monkeypatch):
-    from trainer import step
+    from trainer import memory
     from trainer.config import TrainConfig
-    from trainer.loop import WorkerEnv, resolve_micro_batch
+    from trainer.memory import resolve_micro_batch
+    from trainer.parallel import WorkerEnv
 
     cpu = torch.device("cpu")
     data = prepare(str(demo_assets["train"]), "train", load_tokenizer(demo_assets["model"]), 128, tmp_path / "cache")
@@ -66,13 +67,13 @@ def test_memory_forces_activation_checkpointing_only_when_one_sequence_does_not_
         model = build_model(demo_assets["model"], device=cpu, use_gpu=False)
         opt = build_optimizer(model, lr=1e-3, weight_decay=0.0, fused=False)
         if host_bytes == "plenty":
-            monkeypatch.setattr(step, "_available_host_bytes", lambda: 2.0**40)
+            monkeypatch.setattr(memory, "available_host_bytes", lambda: 2.0**40)
         else:  # room for one sequence with checkpointing, not without
-            full = step.activation_bytes_per_row(model.config, 128)
-            kept = step.activation_bytes_per_row(model.config, 128, checkpointed=True)
+            full = memory.activation_bytes_per_row(model.config, 128)
+            kept = memory.activation_bytes_per_row(model.config, 128, checkpointed=True)
             assert kept < full
             fixed = fits[0]["fixed_gib"] * 2**30
-            monkeypatch.setattr(step, "_available_host_bytes", lambda: (fixed + (full + kept) / 2) / 0.9)
+            monkeypatch.setattr(memory, "available_host_bytes", lambda: (fixed + (full + kept) / 2) / 0.9)
         fits.append(resolve_micro_batch(cfg, model, opt, env))
         outs = [train_step(model, opt, None, data.micro_batches(s, rank=0, world_size=1, global_batch=4,
                                                                  micro_batch=fits[-1]["micro_batch_size"], seed=0),

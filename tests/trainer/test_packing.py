@@ -2,12 +2,39 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 import torch
+import torch.nn.functional as F
 
 from trainer import demo
-from trainer.data import pack, tokenize_messages
-from trainer.step import IGNORE_INDEX, document_losses, token_loss_sum
+from trainer.data import pack
+from trainer.formats import Example, Renderer, to_example
+from trainer.step import IGNORE_INDEX, token_loss_sum
+
+
+def tokenize_messages(tokenizer, messages: list[dict]) -> tuple[list[int], list[bool]]:
+    """One conversation's token ids and assistant mask (the default masking), as the data pipeline renders it."""
+    return Renderer(tokenizer).encode(Example("messages", True, messages=to_example(
+        {"messages": messages}, "messages").messages))
+
+
+@torch.no_grad()
+def document_losses(model: torch.nn.Module, batch) -> list[torch.Tensor]:
+    """Per-document mean response-token loss of a packed micro-batch (documents split at position 0)."""
+    out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False)
+    token_loss = F.cross_entropy(out.logits.float().flatten(0, 1), batch["labels"].flatten(),
+                                 ignore_index=IGNORE_INDEX, reduction="none").view(batch["labels"].shape)
+    losses = []
+    for row in range(batch["input_ids"].shape[0]):
+        pos = batch["position_ids"][row]
+        starts = (pos == 0).nonzero().flatten().tolist() + [pos.numel()]
+        for a, b in pairwise(starts):
+            mask = batch["labels"][row, a:b] != IGNORE_INDEX
+            if mask.any():
+                losses.append(token_loss[row, a:b][mask].mean())
+    return losses
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +88,7 @@ def _segments(batch):
     """(row, start, end, first_in_row) of every document with response tokens."""
     for row in range(batch["input_ids"].shape[0]):
         starts = (batch["position_ids"][row] == 0).nonzero().flatten().tolist() + [batch["input_ids"].shape[1]]
-        for k, (a, b) in enumerate(zip(starts[:-1], starts[1:])):
+        for k, (a, b) in enumerate(pairwise(starts)):
             if (batch["labels"][row, a:b] != IGNORE_INDEX).any():
                 yield row, a, b, k == 0
 
@@ -80,9 +107,9 @@ def test_the_check_detects_attention_leaking_across_documents(tokenizer):
         pair = (good[row, a:b][mask].mean(), leaky[row, a:b][mask].mean())
         (firsts if first else later).append(pair)
     assert firsts and later
-    for g, l in firsts:
-        torch.testing.assert_close(g, l, rtol=1e-5, atol=1e-5)
-    assert max(abs(float(g - l)) for g, l in later) > 1e-3
+    for g, leak in firsts:
+        torch.testing.assert_close(g, leak, rtol=1e-5, atol=1e-5)
+    assert max(abs(float(g - leak)) for g, leak in later) > 1e-3
 
 
 def test_training_loss_sum_equals_sum_over_documents(tokenizer):

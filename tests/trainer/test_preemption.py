@@ -8,7 +8,8 @@ from ray.train import PreemptionInfo
 
 from trainer import checkpoint as ckpt
 from trainer.config import TrainConfig
-from trainer.loop import run, setup_parallel
+from trainer.loop import run
+from trainer.parallel import setup_parallel
 from trainer.storage import Storage
 
 

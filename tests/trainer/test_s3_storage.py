@@ -20,7 +20,9 @@ import torch
 from trainer import checkpoint as ckpt
 from trainer import launch
 from trainer.data import prepare
-from trainer.model import build_model, build_optimizer, build_scheduler, load_tokenizer
+from trainer.export import EXPORT_DIR
+from trainer.model import build_model, load_tokenizer
+from trainer.optim import build_optimizer, build_scheduler
 from trainer.step import train_step
 from trainer.storage import Storage
 
@@ -175,7 +177,7 @@ def test_a_storage_error_mid_save_fails_loudly_and_the_previous_checkpoint_stays
     assert ckpt.MARKER not in left and "__0_0.distcp" not in left, left
     s3.faults.clear()
 
-    assert ckpt.latest_complete(store) == first
+    assert ckpt.resume_point(store) == first
     model2, opt2, sched2 = setup()
     state = ckpt.load(store, first, model2, opt2, sched2)
     assert state["step"] == 1 and state["data_position"]["rows_consumed"] == 4
@@ -208,7 +210,7 @@ def test_a_run_on_s3_fails_loudly_on_a_storage_error_and_resumes_from_the_last_c
     left = s3.keys(f"runs/{name}/{failing}/")
     assert {".metadata", "__0_0.distcp", ckpt.TRAIN_STATE, "rng/rank_0.pt"} <= set(left), left
     assert "__1_0.distcp" not in left and ckpt.MARKER not in left, left
-    assert ckpt.latest_complete(store) == ckpt.dir_name(runs.EVERY)
+    assert ckpt.resume_point(store) == ckpt.dir_name(runs.EVERY)
     events = [json.loads(line) for line in store.read_text("events.jsonl").splitlines()]
     assert [e["event"] for e in events] == ["start", "checkpoint", "checkpoint_failed"], events
     assert events[-1]["step"] == 2 * runs.EVERY and "SLOW_DOWN" in events[-1]["error"]
@@ -223,9 +225,9 @@ def test_a_run_on_s3_fails_loudly_on_a_storage_error_and_resumes_from_the_last_c
     after = events[events.index(resume[0]) + 1:]
     assert [(e["event"], e["step"]) for e in after] == [
         ("checkpoint", s) for s in range(2 * runs.EVERY, runs.STEPS + 1, runs.EVERY)] + [("export", runs.STEPS)]
-    assert ckpt.latest_complete(store) == ckpt.dir_name(runs.STEPS)
+    assert ckpt.resume_point(store) == ckpt.dir_name(runs.STEPS)
     local = tmp_path / name
-    for folder in (ckpt.EXPORT_DIR, ckpt.dir_name(runs.STEPS)):
+    for folder in (EXPORT_DIR, ckpt.dir_name(runs.STEPS)):
         store.download_dir(local / folder, folder)
     runs.assert_same_training(local, reference)
 

@@ -62,12 +62,13 @@ def succeeded(ray_cluster, job_args, tmp_path_factory):
     return proc, storage / "submit-ok"
 
 
-def test_the_default_storage_is_named_the_same_on_both_sides():
-    from trainer import launch, submit
-    from workloads import raycluster
+def test_the_job_stores_where_the_raycluster_head_says():
+    """The head's env of the real RayCluster manifest is what the job's driver reads its default storage from."""
+    from tests.workloads.test_raycluster import CHECKPOINTS, build, env_of, head_of
+    from trainer import launch
 
-    assert launch.CHECKPOINT_ENV == submit.CHECKPOINT_ENV == raycluster.CHECKPOINT_ENV == "CHECKPOINT_URI"
-    assert launch.storage_default({"CHECKPOINT_URI": "s3://b"}) == {"storage_path": "s3://b"}
+    _, _, head = head_of(build())
+    assert launch.storage_default(env_of(head)) == {"storage_path": CHECKPOINTS}
     assert launch.storage_default({}) is None
 
 
@@ -84,7 +85,7 @@ def test_a_submitted_job_streams_its_logs_and_succeeds(succeeded):
 
 
 def test_the_entrypoint_runs_the_first_python_that_has_ray_and_torch(tmp_path):
-    from trainer.submit import entrypoint
+    from trainer.submit.job import entrypoint
 
     fake = tmp_path / "bin"
     fake.mkdir()
@@ -329,7 +330,7 @@ def test_submit_with_a_stack_trains_on_every_gpu_of_the_stack_unless_flags_say_o
     import argparse
 
     from trainer.config import from_args
-    from trainer.submit import stack_defaults
+    from trainer.submit.target import stack_defaults
 
     outputs = {"gpuNodeType": "g6.12xlarge", "gpuNodeCount": 2, "checkpointBucketUri": "s3://ckpt/runs"}
     base = {"model": "Qwen/Qwen2.5-1.5B", "dataset": "s3://ckpt/data/train.jsonl", "config": None}
@@ -390,7 +391,8 @@ def test_a_gpu_jobs_nccl_debug_file_directory_exists_in_every_worker_before_nccl
     """
     from ray.job_submission import JobStatus, JobSubmissionClient
 
-    from trainer import config, efa, submit
+    from trainer import config, efa
+    from trainer.submit import job as submit
 
     ray_tmp = tmp_path / "ray"  # what the pod's empty /tmp/ray volume is at start
     ray_tmp.mkdir()
@@ -418,7 +420,8 @@ def test_a_gpu_jobs_nccl_debug_file_directory_exists_in_every_worker_before_nccl
 
 
 def test_lowering_nccl_debug_needs_the_efa_check_off():
-    from trainer import config, submit
+    from trainer import config
+    from trainer.submit import job as submit
 
     cfg = config.parse(["--model", "m", "--dataset", "d.jsonl", "--device", "gpu"])
     with pytest.raises(submit.SubmitError, match=r"--env NCCL_DEBUG=WARN: the EFA check reads NCCL's INFO lines"):

@@ -104,7 +104,7 @@ def test_head_runs_on_the_system_node_without_gpus():
     assert "tolerations" not in pod
     assert head["rayStartParams"]["num-gpus"] == "0"
     assert env_of(container)["NVIDIA_VISIBLE_DEVICES"] == "void"
-    assert env_of(container)[raycluster.CHECKPOINT_ENV] == CHECKPOINTS
+    assert env_of(container)[ray_facts.CHECKPOINT_ENV] == CHECKPOINTS
     assert head["serviceType"] == "ClusterIP"
     assert {p["containerPort"] for p in container["ports"]} == {6379, 8265, 10001}
     assert not any(r.startswith(("nvidia.com/", "vpc.amazonaws.com/")) for r in container["resources"]["limits"])
@@ -167,7 +167,7 @@ def test_worker_environment(gpu_type):
     assert env["FI_PROVIDER"] == "efa"
     assert env["NCCL_SOCKET_IFNAME"] == "eth0"
     assert env["NCCL_DEBUG"] == "INFO"
-    assert raycluster.CHECKPOINT_ENV not in env  # read on the head only, by the job's driver
+    assert ray_facts.CHECKPOINT_ENV not in env  # read on the head only, by the job's driver
     nvlink = catalog.GPU_TYPES[gpu_type].nvlink
     assert ("NCCL_SHM_USE_CUDA_MEMCPY" in env) is (not nvlink)
     if not nvlink:
@@ -363,9 +363,10 @@ def test_autoscaler_sidecar_writes_into_the_heads_ray_logs():
 
 def test_the_nccl_debug_files_folder_is_its_own_volume_on_every_worker():
     """The folder submit's NCCL_DEBUG_FILE points into exists before any process of the pod starts."""
-    from trainer import efa, submit
+    from trainer import efa
+    from trainer.submit.job import job_environment
 
-    folder = efa.debug_file_dir(submit.job_environment(_gpu_job(), None, {})["NCCL_DEBUG_FILE"])
+    folder = efa.debug_file_dir(job_environment(_gpu_job(), None, {})["NCCL_DEBUG_FILE"])
     for manifest in (build(), autoscaled(), build("p5")):
         _, pod, container = worker_of(manifest)
         (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == str(folder)]

@@ -7,6 +7,7 @@ import sys
 from typing import Sequence
 
 from trainer import flops as flops_lib
+from trainer import parallel
 from trainer.bench.setups import emit
 from trainer.bench.shapes import BenchError, model_config
 
@@ -22,16 +23,16 @@ def main(argv: Sequence[str]) -> int:
     if args.nodes < 1 or args.micro_batches < 1:
         raise BenchError("--nodes and --micro-batches must be at least 1")
     try:
-        net = flops_lib.instance_network(args.instance_type)
+        net = parallel.instance_network(args.instance_type)
     except ValueError as e:
         raise BenchError(f"--instance-type: {e}") from None
     config = model_config(args.model_shape)
     params = flops_lib.parameter_count(config)
-    est = flops_lib.comm_estimate(params, nodes=args.nodes, gpus_per_node=net["gpus_per_node"],
+    est = parallel.comm_estimate(params, nodes=args.nodes, gpus_per_node=net["gpus_per_node"],
                                   network_gbps=net["network_gbps"],
                                   intra_node_gbytes_per_s=net["intra_node_gbytes_per_s"],
                                   micro_batches=args.micro_batches)
-    chosen = flops_lib.choose_sharding(est, args.nodes)
+    chosen = parallel.choose_sharding(est, args.nodes)
     emit({"setup": "comm_estimate", **net, "nodes": args.nodes, "params": params, "micro_batches": args.micro_batches,
           "full_s_per_step": round(est["full"]["seconds"], 3), "hybrid_s_per_step": round(est["hybrid"]["seconds"], 3),
           "all_gather_gib": round(est["full"]["all_gather_bytes"] / 2**30, 3),
@@ -39,7 +40,7 @@ def main(argv: Sequence[str]) -> int:
           "full_network_gib_per_step": round(est["full"]["bytes_over_network"] / 2**30, 2),
           "hybrid_network_gib_per_step": round(est["hybrid"]["bytes_over_network"] / 2**30, 2),
           "default_sharding": chosen})
-    print(flops_lib.format_estimate(est, nodes=args.nodes, gpus_per_node=net["gpus_per_node"],
+    print(parallel.format_estimate(est, nodes=args.nodes, gpus_per_node=net["gpus_per_node"],
                                     instance_type=args.instance_type, network_gbps=net["network_gbps"],
                                     chosen=chosen), file=sys.stderr)
     return 0

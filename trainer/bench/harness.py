@@ -45,7 +45,8 @@ def _harness_config(out: Path, args: argparse.Namespace) -> TrainConfig:
 
 def worker_main(argv: Sequence[str]) -> int:
     """One torchrun rank: the loop's own setup and run, storage in a local folder."""
-    from trainer.loop import run, setup_parallel
+    from trainer.loop import run
+    from trainer.parallel import setup_parallel
     from trainer.storage import Storage
 
     cfg = TrainConfig.from_dict(json.loads(argv[0]))

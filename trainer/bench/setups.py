@@ -94,8 +94,10 @@ def split_rows(batch: dict[str, torch.Tensor], size: int) -> list[dict[str, torc
 def run_trainer(steps_fn: Callable[[int], list[dict]], *, args, rows_per_step: int,
                 tokens_per_step: Callable[[list[dict]], int], attn: str | None = None) -> dict[str, Any]:
     """The trainer's model setup (random init of --model-shape) and step, timed after warm-up."""
-    from trainer.model import build_model, build_optimizer
-    from trainer.step import check_loss_path, choose_micro_batch, resolve_loss, train_step
+    from trainer.memory import choose_micro_batch
+    from trainer.model import build_model
+    from trainer.optim import build_optimizer
+    from trainer.step import check_loss_path, resolve_loss, train_step
 
     ensure_process_group()
     device = bench_device()

@@ -125,10 +125,6 @@ def write_jsonl(rows: list[dict], path: str | Path) -> Path:
     return path
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-
-
 def prompts_and_answers(rows: list[dict]) -> tuple[list[list[dict]], list[str]]:
     return [r["messages"][:-1] for r in rows], [r["messages"][-1]["content"] for r in rows]
 

@@ -1,0 +1,82 @@
+"""The Hugging Face export at the end of a run: full bf16 weights in safetensors, config, tokenizer, card.
+
+Beside the checkpoints (trainer.checkpoint) in the run folder, under `model/`: a folder
+`from_pretrained` loads as it is, in the checkpoint's own key layout as save_pretrained writes it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from trainer.storage import Storage
+
+EXPORT_DIR = "model"
+
+
+def export_hf(storage: Storage, model, tokenizer, source: str | Path | None = None, name: str = EXPORT_DIR,
+              card: str | None = None) -> str:
+    """Collective: gather full weights to rank 0 and write a Hugging Face folder (bf16 safetensors),
+    with `card` (rank 0's model card text) as its README.md."""
+    from transformers import GenerationConfig
+
+    from transformers.core_model_loading import revert_weight_conversion
+
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    tied = head is not None and head.weight is embed.weight
+    tied_keys = set(getattr(model, "all_tied_weights_keys", None) or {"lm_head.weight"}) if tied else set()
+    full: dict[str, torch.Tensor] = {}
+    for key, value in model.state_dict().items():
+        tensor = value.full_tensor() if hasattr(value, "full_tensor") else value
+        if rank == 0 and key not in tied_keys:
+            full[key] = tensor.detach().to("cpu", torch.bfloat16).contiguous()
+        del tensor
+    if rank == 0:
+        tmp = Path(tempfile.mkdtemp(prefix="export-"))
+        try:
+            # the checkpoint's own key layout, as save_pretrained writes it (per-expert MoE keys, not the fused ones)
+            full = {k: v.contiguous() for k, v in revert_weight_conversion(model, full).items()}
+            save_safetensors(full, tmp)
+            config = model.config
+            config.use_cache = True
+            config.dtype = torch.bfloat16
+            config.save_pretrained(tmp)
+            try:
+                gen = GenerationConfig.from_pretrained(str(source))
+            except Exception:  # noqa: BLE001 - the source model has no generation config
+                gen = GenerationConfig.from_model_config(config)
+            if tokenizer.eos_token_id is not None and gen.eos_token_id is None:
+                gen.eos_token_id = tokenizer.eos_token_id
+            if gen.pad_token_id is None and tokenizer.pad_token_id is not None:
+                gen.pad_token_id = tokenizer.pad_token_id
+            gen.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            if card:
+                (tmp / "README.md").write_text(card)
+            if storage.exists(name):
+                storage.delete_dir(name)
+            storage.upload_dir(tmp, name)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if dist.is_initialized():
+        dist.barrier()
+    return storage.path(name)
+
+
+def save_safetensors(state: dict[str, torch.Tensor], folder: Path, max_shard_size: str = "5GB") -> None:
+    """model.safetensors, or shards plus model.safetensors.index.json, as save_pretrained writes them."""
+    from huggingface_hub import split_torch_state_dict_into_shards
+    from safetensors.torch import save_file
+
+    split = split_torch_state_dict_into_shards(state, max_shard_size=max_shard_size)
+    for filename, names in split.filename_to_tensors.items():
+        save_file({n: state[n] for n in names}, str(folder / filename), metadata={"format": "pt"})
+    if split.is_sharded:
+        index = {"metadata": split.metadata, "weight_map": split.tensor_to_filename}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))

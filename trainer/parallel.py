@@ -1,0 +1,269 @@
+"""Parallelism in one place: the sharding plan, the device mesh, FSDP2 sharding, the communication estimate.
+
+Full sharding is a 1-D mesh over every rank; hybrid sharding a 2-D (replicate, shard) mesh,
+sharded inside a node and replicated across nodes, nodes told apart by the ranks' hostnames.
+`--sharding auto` weighs the communication estimate (bytes per collective over the instance
+type's network, from facts.catalog) and takes whichever communicates less. The loop builds a
+WorkerEnv once (`setup`) and hands it to the model, the memory fit and the step.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainer.config import ConfigError, TrainConfig
+
+log = logging.getLogger("trainer")
+
+
+# Per-GPU bandwidth inside a node, GB/s in one direction (not in facts.catalog).
+INTRA_NODE_GBYTES = {"nvlink": {"A100": 300.0, "H100": 450.0, "H200": 450.0, "B200": 900.0},
+                     "pcie": 25.0}  # PCIe Gen4 x16 (L4, L40S, A10G): 32 GB/s raw, ~25 usable
+
+
+def instance_network(instance_type: str) -> dict[str, Any]:
+    """Network facts of a GPU instance type, from the instance catalog (facts.catalog, shipped with every job)."""
+    from facts.catalog import GPU_TYPES
+
+    if instance_type not in GPU_TYPES:
+        raise ValueError(f"instance type {instance_type!r}: unknown; use one of {', '.join(sorted(GPU_TYPES))}")
+    row = GPU_TYPES[instance_type]
+    short = row.gpu_model.split()[-1]
+    intra = INTRA_NODE_GBYTES["nvlink"].get(short, 300.0) if row.nvlink else INTRA_NODE_GBYTES["pcie"]
+    return {"instance_type": instance_type, "gpus_per_node": row.gpus, "network_gbps": row.network_gbps,
+            "gpudirect_rdma": row.gpudirect_rdma, "nvlink": row.nvlink, "intra_node_gbytes_per_s": intra}
+
+
+def comm_estimate(params: int, *, nodes: int, gpus_per_node: int, network_gbps: float,
+                  intra_node_gbytes_per_s: float, micro_batches: int, param_bytes: int = 2,
+                  grad_bytes: int = 4) -> dict[str, dict[str, float]]:
+    """Seconds of communication per optimizer step for full and hybrid sharding (ring model).
+
+    Every micro-batch all-gathers the parameters twice (forward, backward) and
+    reduce-scatters the gradients. A ring collective over N ranks moves (N-1)/N of the
+    tensor over its slowest link; across nodes that link is the node's network, shared by
+    its GPUs. Full sharding runs all of it over all N = nodes x GPUs. Hybrid sharding runs
+    it inside each node and, once per step, all-reduces the gradient shards across nodes:
+    2 (n-1)/n of the gradient bytes through each node's network. Lower bounds at line rate,
+    without overlap with compute.
+    """
+    n_ranks = nodes * gpus_per_node
+    net = network_gbps / 8 * 1e9
+    intra = intra_node_gbytes_per_s * 1e9
+    gather = params * param_bytes
+    reduce = params * grad_bytes
+    per_mb = 2 * gather + reduce
+    link_full = net if nodes > 1 else intra
+    full = micro_batches * per_mb * (n_ranks - 1) / n_ranks / link_full
+    hybrid_intra = micro_batches * per_mb * (gpus_per_node - 1) / gpus_per_node / intra
+    hybrid_inter = 2 * (nodes - 1) / nodes * reduce / net
+    return {
+        "full": {"seconds": full, "all_gather_bytes": gather, "reduce_scatter_bytes": reduce,
+                 "bytes_over_network": micro_batches * per_mb * (n_ranks - 1) / n_ranks if nodes > 1 else 0.0},
+        "hybrid": {"seconds": hybrid_intra + hybrid_inter, "all_gather_bytes": gather,
+                   "reduce_scatter_bytes": reduce, "all_reduce_bytes": reduce,
+                   "bytes_over_network": 2 * (nodes - 1) / nodes * reduce},
+    }
+
+
+def choose_sharding(estimate: dict[str, dict[str, float]], nodes: int) -> str:
+    """`full` on one node (hybrid would be the same mesh); else whichever communicates less."""
+    if nodes <= 1:
+        return "full"
+    return "hybrid" if estimate["hybrid"]["seconds"] <= estimate["full"]["seconds"] else "full"
+
+
+def format_estimate(estimate: dict[str, dict[str, float]], *, nodes: int, gpus_per_node: int,
+                    instance_type: str | None, network_gbps: float, chosen: str) -> str:
+    gib = 2 ** 30
+    f, h = estimate["full"], estimate["hybrid"]
+    where = f"{nodes} node(s) x {gpus_per_node} GPU(s)" + (f" of {instance_type}" if instance_type else "")
+    return (f"communication per step on {where}, {network_gbps:g} Gbps between nodes: "
+            f"full sharding {f['seconds']:.2f} s ({f['bytes_over_network'] / gib:.1f} GiB over the network), "
+            f"hybrid {h['seconds']:.2f} s ({h['bytes_over_network'] / gib:.1f} GiB); "
+            f"all-gather {f['all_gather_bytes'] / gib:.2f} GiB, reduce-scatter {f['reduce_scatter_bytes'] / gib:.2f} GiB "
+            f"per collective; using {chosen}")
+
+
+def shard_model(model: nn.Module, mp_policy, mesh=None) -> nn.Module:
+    """fully_shard each decoder layer, the embedding/norm/lm_head group, then the root (everything else)."""
+    from torch.distributed.fsdp import fully_shard
+
+    from trainer.model import model_parts
+
+    parts = model_parts(model)
+    for i, layer in enumerate(parts.layers):
+        # The last layer is needed again right away by backward: keep it gathered.
+        fully_shard(layer, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=i < len(parts.layers) - 1)
+    tail = [m for m in (parts.norm, parts.head) if m is not None]
+    if parts.tied:
+        fully_shard([parts.embed, *tail], mesh=mesh, mp_policy=mp_policy)
+    else:
+        fully_shard(parts.embed, mesh=mesh, mp_policy=mp_policy)
+        fully_shard(tail, mesh=mesh, mp_policy=mp_policy)
+    fully_shard(model, mesh=mesh, mp_policy=mp_policy)
+    return model
+
+
+@dataclass(frozen=True)
+class ShardingPlan:
+    """How the ranks shard the model: mesh shape and why."""
+
+    kind: str                 # "full" or "hybrid"
+    replicate: int            # model replicas (nodes, for hybrid)
+    shard: int                # ranks each replica is sharded over
+    nodes: int
+    ranks_per_node: int
+    reason: str
+
+    @property
+    def mesh_shape(self) -> tuple[int, ...]:
+        return (self.replicate, self.shard) if self.kind == "hybrid" else (self.shard,)
+
+    @property
+    def mesh_dim_names(self) -> tuple[str, ...]:
+        return ("replicate", "shard") if self.kind == "hybrid" else ("fsdp",)
+
+
+def plan_sharding(sharding: str, world_size: int, hosts: list[str], *, shard_size: int = 0,
+                  instance_type: str | None = None, micro_batches: int = 1, params: int | None = None,
+                  param_bytes: int = 2) -> ShardingPlan:
+    """Full sharding over every rank, or hybrid: shard inside a node, replicate across nodes.
+
+    `hosts` is every rank's hostname (node count and ranks per node); `shard_size`
+    overrides the ranks per shard group. `auto` takes hybrid when the communication
+    estimate for the instance type favours it, and hybrid on several nodes of an unknown
+    type (only the gradient all-reduce then crosses the slower network).
+    """
+    if sharding not in ("auto", "full", "hybrid"):
+        raise ValueError(f"sharding {sharding!r}: use auto, full or hybrid")
+    per_host = Counter(hosts)
+    nodes = len(per_host)
+    even = len(set(per_host.values())) == 1
+    ranks_per_node = world_size // nodes if even else 0
+    if shard_size:
+        if world_size % shard_size:
+            raise ValueError(f"shard size {shard_size} does not divide the {world_size} workers; "
+                             f"use a divisor of {world_size}")
+        group = shard_size
+    elif even:
+        group = ranks_per_node
+    elif sharding == "hybrid":
+        raise ValueError(f"hybrid sharding needs the same number of workers on every node, got "
+                         f"{dict(per_host)}; pass --shard-size or use --sharding full")
+    else:
+        group = world_size
+    reason = f"--sharding {sharding}"
+    kind = sharding
+    if sharding == "auto":
+        if shard_size:
+            kind, reason = "hybrid", f"--shard-size {shard_size}"
+        elif nodes <= 1:
+            kind, reason = "full", "one node"
+        elif instance_type:
+            net = instance_network(instance_type)
+            est = comm_estimate(params or 10**9, nodes=nodes, gpus_per_node=group, network_gbps=net["network_gbps"],
+                                intra_node_gbytes_per_s=net["intra_node_gbytes_per_s"],
+                                micro_batches=micro_batches, param_bytes=param_bytes)
+            kind = choose_sharding(est, nodes)
+            reason = format_estimate(est, nodes=nodes, gpus_per_node=group, instance_type=instance_type,
+                                     network_gbps=net["network_gbps"], chosen=kind)
+            if params is None:
+                reason += " (seconds per 1B parameters)"
+        else:
+            kind, reason = "hybrid", f"{nodes} nodes of unknown instance type: only gradients cross nodes"
+    if kind == "hybrid" and world_size // group == 1:
+        kind, reason = "full", reason + "; one replica, so full sharding"
+    if kind == "full":
+        return ShardingPlan("full", 1, world_size, nodes, ranks_per_node, reason)
+    return ShardingPlan("hybrid", world_size // group, group, nodes, ranks_per_node, reason)
+
+
+@dataclass(frozen=True)
+class WorkerEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    mesh: Any
+    local_world_size: int = 1  # ranks on this rank's host (they share its memory)
+
+
+def setup_parallel(cfg: TrainConfig, rank: int, world_size: int, local_rank: int,
+                   device: torch.device | None = None) -> WorkerEnv:
+    """Device and FSDP mesh over the process group Ray Train created (NCCL on GPU, gloo on CPU).
+
+    Full sharding: a 1-D mesh over every rank. Hybrid sharding: a 2-D (replicate, shard)
+    mesh, sharded inside a node and replicated across nodes, nodes told apart by the
+    ranks' hostnames (trainer.model.plan_sharding; --sharding auto weighs the estimate).
+    """
+    import socket
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from trainer.flops import parameter_count
+    from trainer.model import read_model_config
+
+    if cfg.use_gpu:
+        device = device or torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    hosts: list = [None] * world_size
+    if dist.is_initialized() and world_size > 1:
+        dist.all_gather_object(hosts, socket.gethostname())
+    else:
+        hosts = [socket.gethostname()] * world_size
+    params = None
+    if cfg.instance_type:  # only the communication estimate needs the model's size
+        try:
+            params = parameter_count(read_model_config(cfg.model))
+        except Exception:  # noqa: BLE001 - the estimate is then per 1B parameters
+            pass
+    # With --micro-batch-size auto the micro-batch is chosen only after the model is sharded, so the
+    # estimate counts 1 micro-batch per step: the fewest, i.e. the least full-sharding traffic (hybrid
+    # is then taken only where it wins even so).
+    micro_batches = 1 if cfg.micro_batch_auto else cfg.grad_accum_steps
+    try:
+        plan = plan_sharding(cfg.sharding, world_size, hosts, shard_size=cfg.shard_size,
+                             instance_type=cfg.instance_type, micro_batches=micro_batches, params=params,
+                             param_bytes=2 if cfg.use_gpu else 4)
+    except ValueError as e:  # the workers' placement does not fit the sharding asked for: a user error
+        raise ConfigError([f"--sharding {cfg.sharding} / --shard-size {cfg.shard_size}: {e}"]) from None
+    mesh = init_device_mesh(device.type, plan.mesh_shape, mesh_dim_names=plan.mesh_dim_names)
+    if rank == 0:
+        log.info("sharding: %s, mesh %s over %d node(s) (%s)", plan.kind,
+                 " x ".join(f"{n}={k}" for n, k in zip(plan.mesh_dim_names, plan.mesh_shape, strict=True)), plan.nodes,
+                 plan.reason)
+    return WorkerEnv(rank, world_size, local_rank, device, mesh, local_world_size=hosts.count(hosts[rank]))
+
+
+def transport_check(cfg: TrainConfig, env: WorkerEnv) -> None:
+    """Hook after the first collectives: verifies the inter-node transport (NCCL over EFA).
+
+    No-op on CPU/gloo. On GPUs every rank reads its own NCCL_DEBUG_FILE (set by
+    `trainer submit`), the verdicts are gathered, rank 0 logs one line per node, and with
+    EFA required (TRAINER_REQUIRE_EFA, by default when the job spans nodes) every rank
+    raises if any rank fell back to TCP sockets, so the job fails in its first step.
+    """
+    if not cfg.use_gpu:
+        return
+    from trainer import efa
+
+    def gather(obj):
+        everyone = [None] * env.world_size
+        dist.all_gather_object(everyone, obj)
+        return everyone
+
+    report, required = efa.gather_report(gather)
+    if env.rank == 0:
+        for line in efa.verdict_lines(report) or ["EFA check: no NCCL transport lines (NCCL_DEBUG_FILE not set?)"]:
+            log.info(line)
+    efa.enforce_efa(report.ranks, required, missing=report.missing)

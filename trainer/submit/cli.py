@@ -1,0 +1,203 @@
+"""The commands: `submit`, `status`, `logs`, `stop` and `nccl-bench` (run through `python -m trainer`)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import tempfile
+import time
+from dataclasses import replace as dataclass_replace
+from pathlib import Path
+
+from facts import outputs as stack_outputs
+from facts import ray as ray_facts
+from facts.errors import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USAGE
+from trainer import config as train_config
+from trainer import nccl_bench
+from trainer.submit.connection import (add_connection_arguments, command_hint, connect, connection_flags,
+                                       parse_connection)
+from trainer.submit.follow import follow, report_status
+from trainer.submit.job import (entrypoint, job_environment, parse_env, remote_problems, runtime_env, stage_package,
+                                submit, submit_when_ready)
+from trainer.submit.target import SubmitError, Target, catalog_row, stack_defaults, stack_gpus, stack_target
+
+
+def status_main(argv: list[str]) -> int:
+    return manage("status", argv)
+
+
+def logs_main(argv: list[str]) -> int:
+    return manage("logs", argv)
+
+
+def stop_main(argv: list[str]) -> int:
+    return manage("stop", argv)
+
+
+def manage(command: str, argv: list[str]) -> int:
+    """`python -m trainer status|logs|stop RUN`."""
+    parser = argparse.ArgumentParser(prog=f"python -m trainer {command}")
+    parser.add_argument("run", help="run name (the job's submission id)")
+    add_connection_arguments(parser)
+    args = parse_connection(parser, argv)
+    with connect(args) as client:
+        try:
+            if command == "logs":
+                return follow(client, args.run, connection=connection_flags(args))
+            if command == "stop":
+                stopped = client.stop_job(args.run)
+                print(f"Run {args.run}: {'stop requested' if stopped else 'already finished'}")
+                return EXIT_OK
+            return report_status(client, args.run)
+        except RuntimeError as err:
+            if "does not exist" in str(err) or "404" in str(err):
+                raise SubmitError(f"no run named {args.run!r} on this cluster; "
+                                  "`ray job list` shows what is there") from None
+            raise
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer submit",
+        description="Submit a fine-tuning run as a Ray job, stream its logs and exit with its status "
+                    f"(0 succeeded, {EXIT_FAILED} failed, {EXIT_STOPPED} stopped, {EXIT_USAGE} bad input or "
+                    "unreachable cluster). Resubmitting a run name resumes it from its last complete checkpoint.")
+    train_config.add_arguments(parser)
+    add_connection_arguments(parser)
+    job = parser.add_argument_group("the job")
+    job.add_argument("--no-wait", action="store_true", help="return once submitted")
+    job.add_argument("--pip", action="append", default=[], metavar="PACKAGE", help="extra pip package (repeatable)")
+    job.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment variable (repeatable)")
+    job.add_argument("--require-efa", action=argparse.BooleanOptionalAction, default=None,
+                     help="fail within the first steps if NCCL is not on EFA (default: on for multi-node GPU jobs)")
+    args = parse_connection(parser, argv)
+
+    names = set(train_config.FLAGS) | set(train_config.EXTRA_ARGUMENTS)
+    training = {k: v for k, v in vars(args).items() if k in names}
+    with contextlib.ExitStack() as stack:  # the stack's kubeconfig lives exactly as long as this block
+        target, outputs = (stack.enter_context(stack_target(args.stack)) if args.stack and not args.address
+                           else (None, {}))
+        defaults = stack_defaults(outputs)
+        cfg = train_config.from_args(argparse.Namespace(**training), defaults)
+        cfg = dataclass_replace(cfg, run_name=cfg.resolved_run_name)
+        cluster_storage = "storage_path" not in (defaults or {}) and not storage_chosen(args, training)
+        if not args.address:
+            problems = [p for p in remote_problems(cfg)
+                        if not (cluster_storage and p.startswith(train_config.flag("storage_path")))]
+            if problems:
+                raise train_config.ConfigError(problems)
+        env = job_environment(cfg, args.require_efa, parse_env(args.env))
+        check_capacity_of_stack(cfg, outputs)
+        check_here(cfg, cluster_storage)
+        return submit_and_follow(args, target, cfg, env, cluster_storage)
+
+
+def check_capacity_of_stack(cfg, outputs: dict) -> None:
+    """More GPU workers than the stack's GPU nodes can ever hold would wait forever: refuse it here."""
+    from trainer.cluster import ClusterError
+
+    gpus = stack_gpus(outputs)
+    if cfg.use_gpu and gpus is not None and cfg.num_workers > gpus:
+        raise ClusterError(f"--num-workers {cfg.num_workers} asks for {cfg.num_workers} GPUs; the stack has {gpus} "
+                           f"at most ({outputs.get('gpuNodeCount')} x {outputs.get('gpuNodeType')}); use "
+                           f"--num-workers {gpus} or fewer, or raise gpuNodeCount")
+
+
+def check_here(cfg, cluster_storage: bool) -> None:
+    """The pre-flight on this machine, before anything is submitted: the model (config, tokenizer, weight
+    headers), the first records, the run folder when it is known here. The job repeats it at its start on
+    the cluster, with the whole dataset. s3:// inputs are checked here only with AWS credentials here."""
+    from trainer.launch import preflight, print_notes
+
+    uses_s3 = any(str(v).startswith("s3://") for v in (cfg.model, cfg.dataset, cfg.tokenizer, cfg.chat_template,
+                                                        None if cluster_storage else cfg.storage_path))
+    if uses_s3 and not aws_credentials():
+        print("note: no AWS credentials on this machine, so the s3:// inputs are checked at the job's start on "
+              "the cluster, not here", file=sys.stderr)
+        return
+    print_notes(preflight(cfg, full_data=False, for_run=not cluster_storage))
+
+
+def aws_credentials() -> bool:
+    try:
+        import botocore.session
+
+        return botocore.session.get_session().get_credentials() is not None
+    except Exception:  # noqa: BLE001 - no botocore, or a broken profile: nothing to check with
+        return False
+
+
+def storage_chosen(args: argparse.Namespace, flags: dict) -> bool:
+    """Did --storage-path/--out, or the --config file, name the storage? If not, the cluster's default applies."""
+    if "storage_path" in flags or "out" in flags:
+        return True
+    keys = {str(k).replace("-", "_") for k in train_config.load_yaml(args.config)} if args.config else set()
+    return bool(keys & {"storage_path", "out"})
+
+
+def submit_and_follow(args: argparse.Namespace, target: Target | None, cfg, env: dict[str, str],
+                      cluster_storage: bool = False) -> int:
+    with connect(args, target) as client:
+        job_id, previous_log = submit(client, cfg=cfg, pip=args.pip, env=env, cluster_storage=cluster_storage)
+        where = (f"the cluster's {ray_facts.CHECKPOINT_ENV}/{job_id} (the stack's bucket; {cfg.run_uri} on a "
+                 f"cluster without it)" if cluster_storage else cfg.run_uri)
+        print(f"Submitted run {job_id}: {cfg.num_workers} {cfg.device.upper()} worker(s); checkpoints, metrics "
+              f"and the exported model go to {where}")
+        connection = connection_flags(args)
+        if args.no_wait:
+            print(f"Follow it with `{command_hint('logs', job_id, connection)}`; stop it with "
+                  f"`{command_hint('stop', job_id, connection)}`.")
+            return EXIT_OK
+        if previous_log:
+            print(f"(The previous attempt's log is left out; `{command_hint('logs', job_id, connection)}` "
+                  f"shows both.)", flush=True)
+        return follow(client, job_id, skip=previous_log, connection=connection)
+
+
+def bench_main(argv: list[str]) -> int:
+    """Submit the all-reduce bandwidth test (trainer.nccl_bench) across all workers as a Ray job."""
+
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer nccl-bench",
+        description="All-reduce bus bandwidth from 8 B to 1 GiB across every worker, as a Ray job, compared with "
+                    "what the instance type's network allows (from the instance catalog).")
+    add_connection_arguments(parser)
+    parser.add_argument("--workers", type=int, help="ranks (default: every GPU of the stack: nodes x GPUs per node)")
+    parser.add_argument("--device", choices=("gpu", "cpu"), default="gpu", help="gpu (NCCL) or cpu (gloo)")
+    parser.add_argument("--instance-type", help="GPU instance type (default: the stack's gpuNodeType)")
+    parser.add_argument("--min-bytes", type=int, default=nccl_bench.MIN_BYTES)
+    parser.add_argument("--max-bytes", type=int, default=nccl_bench.MAX_BYTES)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--no-wait", action="store_true", help="return once submitted")
+    args = parse_connection(parser, argv)
+    try:
+        nccl_bench.message_sizes(args.min_bytes, args.max_bytes)
+    except ValueError as err:
+        raise SubmitError(str(err)) from None
+    with contextlib.ExitStack() as stack:  # the stack's kubeconfig lives exactly as long as this block
+        target, outputs = (stack.enter_context(stack_target(args.stack)) if args.stack and not args.address
+                           else (None, {}))
+        row = catalog_row(args.instance_type or outputs.get(stack_outputs.GPU_NODE_TYPE))
+        workers = args.workers or stack_gpus(outputs, args.instance_type)
+        if not workers or workers < 1:
+            raise SubmitError("--workers: how many ranks? pass --workers N (or --stack to use every GPU of the stack)")
+        env = {}
+        if args.device == "gpu":
+            from trainer import efa
+            env = efa.nccl_debug_env(efa.NCCL_LOG_DIR)
+        bench_argv = ["--workers", str(workers), "--device", args.device, "--min-bytes", str(args.min_bytes),
+                      "--max-bytes", str(args.max_bytes), "--iters", str(args.iters), "--warmup", str(args.warmup)]
+        if row:
+            bench_argv += ["--network-gbps", str(row.network_gbps), "--instance-type", row.name]
+        if stack_outputs.CHECKPOINT_BUCKET_URI in outputs:
+            bench_argv += ["--storage-path", outputs[stack_outputs.CHECKPOINT_BUCKET_URI]]
+        with connect(args, target) as client, tempfile.TemporaryDirectory(prefix="nccl-bench-") as folder:
+            job_id = submit_when_ready(
+                client,
+                entrypoint=entrypoint(["-m", "trainer", "nccl-bench-job", *bench_argv]),
+                runtime_env=runtime_env(stage_package(Path(folder)), [], env),
+                submission_id=f"nccl-bench-{time.strftime('%Y%m%d-%H%M%S')}")
+            print(f"Submitted {job_id}: {workers} ranks, {args.device}")
+            return EXIT_OK if args.no_wait else follow(client, job_id)
