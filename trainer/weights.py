@@ -31,7 +31,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from facts.errors import first_line as _first_line
+from facts.errors import first_line
 from trainer.model import ModelSourceError, model_name
 
 log = logging.getLogger("trainer")
@@ -64,7 +64,7 @@ class Checkpoint:
                     weight_map = json.loads((folder / index).read_text())["weight_map"]
                     return sorted(set(weight_map.values()))
                 except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-                    raise ModelSourceError(f"model weights in {folder}: {index} cannot be read ({_first_line(e)}); "
+                    raise ModelSourceError(f"model weights in {folder}: {index} cannot be read ({first_line(e)}); "
                                            f"download or save the folder again") from None
             found = sorted(p.name for p in folder.glob(pattern))
             if found:
@@ -86,7 +86,7 @@ class Checkpoint:
             except BaseException as e:
                 if isinstance(e, (KeyboardInterrupt, SystemExit)):
                     raise
-                raise ModelSourceError(f"model weights in {self.folder}: {name} cannot be read ({_first_line(e)}); "
+                raise ModelSourceError(f"model weights in {self.folder}: {name} cannot be read ({first_line(e)}); "
                              f"download or save the folder again") from e
         return self._handles[name]
 
@@ -247,7 +247,7 @@ def load_sharded(model: nn.Module, folder: Path) -> dict:
                     if isinstance(e, ModelSourceError):
                         raise ModelSourceError(f"model weights in {folder}: {what}: {e}") from e
                     raise ModelSourceError(f"model weights in {folder}: {what} cannot be loaded into {name} "
-                                 f"({_first_line(e)})") from e
+                                 f"({first_line(e)})") from e
     finally:
         ckpt.close()
     for name in loaded:

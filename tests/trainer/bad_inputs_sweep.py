@@ -320,9 +320,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{i:2d}. {row['input']}: exit {row['exit']} in {row['seconds']} s", file=sys.stderr, flush=True)
     finally:
         if cluster_proc is not None:
-            from tests.trainer.conftest import _descendants, _pids_using
+            from tests.trainer.conftest import descendants, pids_using
 
-            victims = set(_descendants(cluster_proc.pid)) | set(_pids_using(sweep.cluster["temp"]))
+            victims = set(descendants(cluster_proc.pid)) | set(pids_using(sweep.cluster["temp"]))
             for pid in [cluster_proc.pid, *victims]:
                 try:
                     os.killpg(pid, signal.SIGKILL) if pid == cluster_proc.pid else os.kill(pid, signal.SIGKILL)

@@ -37,7 +37,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _descendants(root: int) -> list[int]:
+def descendants(root: int) -> list[int]:
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -54,7 +54,7 @@ def _descendants(root: int) -> list[int]:
     return out
 
 
-def _pids_using(marker: str) -> list[int]:
+def pids_using(marker: str) -> list[int]:
     pids = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
@@ -137,7 +137,7 @@ def ray_cluster():
             ray.shutdown()
         except Exception:  # noqa: BLE001
             pass
-        victims = set(_descendants(proc.pid)) | set(_pids_using(temp_dir))
+        victims = set(descendants(proc.pid)) | set(pids_using(temp_dir))
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
