@@ -20,7 +20,6 @@ import dataclasses
 import difflib
 import hashlib
 import json
-import os
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -282,7 +281,9 @@ class TrainConfig:
 
     @property
     def resolved_cache_dir(self) -> str:
-        return self.cache_dir or os.environ.get("TRAINER_CACHE") or str(Path.home() / ".cache" / "trainer")
+        from trainer.cache import default_dir
+
+        return self.cache_dir or default_dir()
 
     @property
     def run_uri(self) -> str:

@@ -25,7 +25,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from trainer import sources
+from trainer import cache, sources
 from trainer.formats import DataError, Example, Renderer, RecordError, to_example
 
 __all__ = ["DataError", "RecordError", "DataSpec", "PackedData", "prepare", "pack", "load_records", "check_records"]
@@ -374,14 +374,10 @@ def prepare(data: DataSpec | str, split: str | None = None, tokenizer=None, seq_
 
     `data` is a DataSpec, or (the short form) a dataset location with its split.
     """
-    from filelock import FileLock
-
     if isinstance(data, str):
         data = DataSpec(data, split or "train")
-    locks = Path(cache_dir) / "locks"
-    locks.mkdir(parents=True, exist_ok=True)
     key = spec_key(data)
-    with FileLock(str(locks / f"data-{key}.lock")):  # one reader per node fetches and tokenizes
+    with cache.lock(cache_dir, f"data-{key}"):  # one reader per node fetches and tokenizes
         source, ds, fp = _open(data, storage_fs, cache_dir)
         folder = Path(cache_dir) / "data" / cache_key(data, fp, tokenizer, seq_len)
         if not (folder / "meta.json").is_file():

@@ -12,11 +12,9 @@ Imports torch and transformers only (no ray, no datasets): the benchmark reuses 
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import logging
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ import torch
 from torch import nn
 
 from facts.errors import UserError, first_line
+from trainer import cache
 from trainer.parallel import shard_model
 
 log = logging.getLogger("trainer")
@@ -46,18 +45,6 @@ def describe_source(spec: str) -> str:
     return "hub" if HUB_ID.match(spec) else "local"
 
 
-def _lock(cache_dir: str | Path, key: str):
-    from filelock import FileLock
-
-    lock_dir = Path(cache_dir) / "locks"
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    return FileLock(str(lock_dir / f"{key}.lock"))
-
-
-def _key(spec: str) -> str:
-    return hashlib.sha256(spec.encode()).hexdigest()[:16]
-
-
 def _local_model_dir(spec: str) -> Path:
     path = Path(spec).expanduser()
     if not (path / "config.json").is_file():
@@ -76,11 +63,10 @@ def resolve_model_path(spec: str, cache_dir: str | Path, *, storage_fs: Any = No
     kind = describe_source(spec)
     if kind == "local":
         return _local_model_dir(spec)
-    target = Path(cache_dir) / "models" / _key(spec)
-    marker = target / ".complete"
-    with _lock(cache_dir, "model-" + _key(spec)):
-        if marker.is_file():
-            return Path(json.loads(marker.read_text())["path"])
+    target = Path(cache_dir) / "models" / cache.key(spec)
+    with cache.lock(cache_dir, "model-" + cache.key(spec)):
+        if cache.is_complete(target):
+            return Path(json.loads((target / cache.MARKER).read_text())["path"])
         if kind == "s3":
             from trainer.storage import Storage
 
@@ -88,13 +74,7 @@ def resolve_model_path(spec: str, cache_dir: str | Path, *, storage_fs: Any = No
             if not store.exists("config.json"):
                 raise ModelSourceError(f"model {spec!r}: no config.json under this s3:// prefix; "
                                        f"upload a folder saved with save_pretrained there")
-            tmp = target.with_name(target.name + ".tmp")
-            shutil.rmtree(tmp, ignore_errors=True)
-            store.download_dir(tmp)
-            shutil.rmtree(target, ignore_errors=True)
-            tmp.rename(target)
-            path = target
-        else:
+            return cache.fill(target, store.download_dir, json.dumps({"path": str(target), "source": spec}))
             from huggingface_hub import snapshot_download
 
             try:
@@ -105,8 +85,8 @@ def resolve_model_path(spec: str, cache_dir: str | Path, *, storage_fs: Any = No
                     f"model {spec!r}: not a local folder, and fetching it from the Hugging Face hub failed "
                     f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); check the id, network "
                     f"access and HF_TOKEN for gated models") from None
-            target.mkdir(parents=True, exist_ok=True)
-        marker.write_text(json.dumps({"path": str(path), "source": spec}))
+        target.mkdir(parents=True, exist_ok=True)  # the hub's own cache holds the files; the marker points there
+        (target / cache.MARKER).write_text(json.dumps({"path": str(path), "source": spec}))
         return path
 
 

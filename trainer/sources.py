@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainer import cache
 from trainer.formats import DataError
 
 BUILDERS = {".jsonl": "json", ".json": "json", ".ndjson": "json", ".parquet": "parquet", ".csv": "csv",
@@ -79,7 +80,7 @@ def resolve(spec: str, *, config: str | None = None, split: str = "train", stora
             cache_dir: str | Path | None = None) -> Source:
     """Where `spec` points; s3:// objects are copied into the cache first. Raises DataError if missing."""
     if spec.startswith("s3://"):
-        local = _fetch_s3(spec, storage_fs, Path(cache_dir or Path.home() / ".cache" / "trainer"))
+        local = _fetch_s3(spec, storage_fs, Path(cache_dir or cache.default_dir()))
         kind, builder = _local_kind(local, spec)
         return Source(spec, kind, str(local), config, split, builder)
     path = Path(spec).expanduser()
@@ -103,24 +104,23 @@ def _fetch_s3(uri: str, storage_fs: Any, cache_dir: Path) -> Path:
     listing = _listing(store, name)
     if not listing:
         raise DataError(f"dataset {uri!r}: an empty S3 prefix; it holds no files")
-    where = hashlib.sha256(uri.encode()).hexdigest()[:12]
-    target = cache_dir / "datasets-s3" / f"{where}-{hashlib.sha256(json.dumps(listing).encode()).hexdigest()[:12]}"
+    where = cache.key(uri, 12)
+    target = cache_dir / "datasets-s3" / f"{where}-{cache.key(json.dumps(listing), 12)}"
     local = target / name
-    if (target / ".complete").is_file():
+    if cache.is_complete(target):
         return local
     for stale in target.parent.glob(f"{where}-*"):  # this URI's earlier objects: never read again
         if not stale.name.endswith(".tmp"):
             shutil.rmtree(stale, ignore_errors=True)
-    tmp = target.with_name(target.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / name).parent.mkdir(parents=True, exist_ok=True)
-    if store.is_dir(name):
-        store.download_dir(tmp / name, name)
-    else:
-        (tmp / name).write_bytes(store.read_bytes(name))
-    (tmp / ".complete").write_text(uri)
-    shutil.rmtree(target, ignore_errors=True)
-    tmp.rename(target)
+
+    def download(tmp: Path) -> None:
+        (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+        if store.is_dir(name):
+            store.download_dir(tmp / name, name)
+        else:
+            (tmp / name).write_bytes(store.read_bytes(name))
+
+    cache.fill(target, download, uri)
     return local
 
 
