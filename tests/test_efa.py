@@ -261,6 +261,14 @@ def test_single_node_is_shm_only_exit_4(tmp_path, capsys):
     assert "single-node" in out
 
 
+def test_logs_piped_in_on_stdin_get_the_same_verdicts(tmp_path):
+    lines = node_log(NODE_A, 0) + node_log(NODE_B, 4, net="socket")
+    proc = subprocess.run([sys.executable, "-m", "trainer", "efa-check", "-"], cwd=REPO, input="\n".join(lines) + "\n",
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == errors.EXIT_SOCKETS, proc.stderr
+    assert f"node {NODE_A}: EFA (" in proc.stdout and f"fallback on node(s) {NODE_B}." in proc.stdout
+
+
 def test_command_runs_in_a_fresh_interpreter(tmp_path):
     log = write(tmp_path / "mixed.out", node_log(NODE_A, 0) + node_log(NODE_B, 4, net="no-plugin"))
     proc = subprocess.run([sys.executable, "-m", "trainer", "efa-check", str(log)], cwd=REPO,

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from facts.errors import EXIT_OK, EXIT_SOCKETS
-from trainer.efa.parse import analyze_logs
+from trainer.efa.parse import analyze_lines, analyze_logs
 from trainer.efa.report import exit_code, likely_causes, verdict_lines
 from trainer.efa.verdicts import Transport
 
 
 _HELP = """\
 Reads NCCL_DEBUG=INFO output (NCCL_DEBUG_FILE files, Ray worker logs, or directories of
-them such as /tmp/ray/session_latest/logs) and prints one verdict per node.
+them such as /tmp/ray/session_latest/logs; `-` reads standard input, e.g. from `kubectl
+logs`) and prints one verdict per node.
 
 Verdicts: EFA (aws-ofi-nccl with provider efa), SOCKET (NCCL fell back to TCP),
 SHM_ONLY (one-node communicators: P2P/SHM inside the node, no network at all),
@@ -35,7 +37,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog=_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("logs", nargs="+", metavar="LOGFILE", help="NCCL log file or directory of log files")
+    p.add_argument("logs", nargs="+", metavar="LOGFILE", help="NCCL log file or directory of log files; - for stdin")
     p.add_argument("--per-rank", action="store_true", help="also print one line per rank")
     return p
 
@@ -43,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     """``python -m trainer efa-check LOGFILE...``; returns the exit code (a bad log path raises LogFileError)."""
     args = _parser().parse_args(argv)
-    report = analyze_logs(args.logs)
+    report = analyze_lines(sys.stdin, "<stdin>") if args.logs == ["-"] else analyze_logs(args.logs)
     for line in verdict_lines(report, per_rank=args.per_rank):
         print(line)
     code = exit_code(report)

@@ -175,7 +175,7 @@ def bench_main(argv: list[str]) -> int:
     try:
         nccl_bench.message_sizes(args.min_bytes, args.max_bytes)
     except ValueError as err:
-        raise SubmitError(str(err)) from None
+        raise SubmitError(f"--min-bytes {args.min_bytes} / --max-bytes {args.max_bytes}: {err}") from None
     with contextlib.ExitStack() as stack:  # the stack's kubeconfig lives exactly as long as this block
         target, outputs = (stack.enter_context(stack_target(args.stack)) if args.stack and not args.address
                            else (None, {}))
