@@ -20,17 +20,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# Dense bf16 tensor-core peak per device, TFLOP/s (vendor datasheets, no sparsity).
-PEAK_TFLOPS_BF16: dict[str, float] = {
-    "H200": 989.0,
-    "H100": 989.0,
-    "H800": 989.0,
-    "B200": 2250.0,
-    "A100": 312.0,
-    "A10G": 125.0,
-    "L40S": 362.0,
-    "L4": 121.0,
-}
+# Dense bf16 tensor-core peak, TFLOP/s (vendor datasheets, no sparsity), of the chips the instance
+# catalog does not list; the catalog's rows carry their own (facts.catalog, gpu_bf16_tflops).
+OTHER_PEAK_TFLOPS_BF16: dict[str, float] = {"H800": 989.0, "B200": 2250.0, "A10G": 125.0}
+
+
+def peak_tflops_by_chip() -> dict[str, float]:
+    """Dense bf16 peak per chip name (the last word of the catalog's GPU model, e.g. "L4")."""
+    from facts.catalog import GPU_TYPES
+
+    return {**OTHER_PEAK_TFLOPS_BF16, **{row.gpu_model.split()[-1]: row.gpu_bf16_tflops for row in GPU_TYPES.values()}}
 
 
 @dataclass(frozen=True)
@@ -121,10 +120,10 @@ def peak_flops_per_device(device_name: str | None, override_tflops: float | None
         return override_tflops * 1e12
     if not device_name:
         return None
-    upper = device_name.upper()
-    for key in sorted(PEAK_TFLOPS_BF16, key=len, reverse=True):
-        if key in upper:
-            return PEAK_TFLOPS_BF16[key] * 1e12
+    upper, peaks = device_name.upper(), peak_tflops_by_chip()
+    for key in sorted(peaks, key=len, reverse=True):  # "L40S" before "L4"
+        if key.upper() in upper:
+            return peaks[key] * 1e12
     return None
 
 

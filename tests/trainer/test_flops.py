@@ -81,3 +81,12 @@ def test_sliding_window_layers_attend_to_their_window_only():
     width = 4 * 16
     assert flops_per_token(cfg, 128) - 6 * matmul_params(cfg) == 12 * width * (8 + 128)
     assert flops_per_token(cfg, 4) - 6 * matmul_params(cfg) == 12 * width * (4 + 4)
+
+
+def test_the_peak_of_every_catalog_gpu_is_the_catalog_row_s_own():
+    """A GPU type added to facts.catalog gets its MFU without a second table."""
+    from facts.catalog import GPU_TYPES
+
+    for row in GPU_TYPES.values():
+        assert peak_flops_per_device(f"{row.gpu_model} 80GB HBM3") == row.gpu_bf16_tflops * 1e12, row.name
+    assert peak_flops_per_device("NVIDIA A10G") == 125e12  # a chip outside the catalog
