@@ -67,7 +67,8 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *, latest_checkpoint
     model = build_model(model_path, device=env.device, use_gpu=cfg.use_gpu, mesh=env.mesh,
                         attn_implementation=cfg.attn_implementation,
                         activation_checkpointing=cfg.activation_checkpointing, seed=cfg.seed, random_init=cfg.random_init)
-    check_loss_path(model, resolve_loss(DEFAULT_LOSS, env.device), env.device)  # before the memory probe measures it
+    check_loss_path(model, resolve_loss(DEFAULT_LOSS, env.device), env.device,  # before the memory probe measures it
+                    collectives=env.collectives)
     optimizer, scheduler = optim.for_run(model, cfg, steps)
     fit = memory.resolve_micro_batch(cfg, model, optimizer, env)  # before resume: the optimizer holds no state yet
     checkpointer = Checkpointer(cfg, storage, model, optimizer, scheduler, data, steps, rank=env.rank,
@@ -83,8 +84,9 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *, latest_checkpoint
         data_wait, done = time.perf_counter() - t0, step + 1
         if done == cfg.fail_at_step and not checkpointer.resumed_from:
             raise InjectedFailure(f"--fail-at-step {cfg.fail_at_step}: injected failure (testing aid)")
-        monitor.add(done, train_step(model, optimizer, scheduler, batches, device=env.device, grad_clip=cfg.grad_clip),
-                    data_wait)
+        out = train_step(model, optimizer, scheduler, batches, device=env.device, collectives=env.collectives,
+                         grad_clip=cfg.grad_clip)
+        monitor.add(done, out, data_wait)
         if step == start:
             transport_check(cfg, env)
         log_now, save_now = done % cfg.log_every == 0 or done == steps, checkpointer.due(done)

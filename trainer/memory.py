@@ -15,8 +15,8 @@ import torch
 
 from trainer.config import TrainConfig
 from trainer.model import enable_activation_checkpointing
-from trainer.parallel import WorkerEnv
-from trainer.step import (DEFAULT_LOSS, IGNORE_INDEX, loss_index, loss_path, min_over_ranks, resolve_loss,
+from trainer.parallel import Collectives, WorkerEnv
+from trainer.step import (DEFAULT_LOSS, IGNORE_INDEX, loss_index, loss_path, resolve_loss,
                           token_loss_sum)
 
 log = logging.getLogger("trainer")
@@ -88,7 +88,8 @@ def measure_row_memory(probe: Callable[[int], float], *, budget: float, states: 
 
 
 def choose_micro_batch(model, optimizer: torch.optim.Optimizer, *, rows: int, seq_len: int, device: torch.device,
-                       loss: str = DEFAULT_LOSS, headroom: float = 0.9, ranks_per_host: int = 1) -> dict:
+                       collectives: Collectives, loss: str = DEFAULT_LOSS, headroom: float = 0.9,
+                       ranks_per_host: int = 1) -> dict:
     """The largest micro-batch (a divisor of this rank's rows per step) that fits in free memory.
 
     On a GPU it is measured: one forward/backward of 1 and of 2 sequences gives the fixed
@@ -110,7 +111,7 @@ def choose_micro_batch(model, optimizer: torch.optim.Optimizer, *, rows: int, se
         try:
             fixed, per_row = measure_row_memory(lambda n: probe_peak(model, n, seq_len, device, impl),
                                                 budget=budget, states=states,
-                                                agree=lambda ok: bool(min_over_ranks([int(ok)], device)[0]))
+                                                agree=lambda ok: bool(collectives.min([int(ok)], device)[0]))
         except torch.cuda.OutOfMemoryError as e:
             raise MemoryError(
                 f"one sequence of {seq_len} tokens does not fit in GPU memory for a forward/backward pass "
@@ -121,7 +122,7 @@ def choose_micro_batch(model, optimizer: torch.optim.Optimizer, *, rows: int, se
         per_row = activation_bytes_per_row(model.config, seq_len, checkpointed=checkpointed)
         fixed, budget, source = 0.0, available_host_bytes() * headroom / ranks_per_host, "estimated"
     chosen = fit_micro_batch(rows, fixed_bytes=fixed + states, per_row_bytes=per_row, budget_bytes=budget)
-    chosen, fits = min_over_ranks([chosen, int(fixed + states + per_row <= budget)], device)
+    chosen, fits = collectives.min([chosen, int(fixed + states + per_row <= budget)], device)
     return {"micro_batch_size": chosen, "fits": bool(fits), "activation_checkpointing": checkpointed,
             "per_row_gib": per_row / 2**30, "fixed_gib": (fixed + states) / 2**30,
             "budget_gib": budget / 2**30, "source": source, "ranks_per_host": ranks_per_host}
@@ -141,7 +142,7 @@ def resolve_micro_batch(cfg: TrainConfig, model: torch.nn.Module, optimizer: tor
 
     def choose() -> dict:
         fit = choose_micro_batch(model, optimizer, rows=cfg.global_batch_size // env.world_size,
-                                 seq_len=cfg.seq_len, device=env.device,
+                                 seq_len=cfg.seq_len, device=env.device, collectives=env.collectives,
                                  ranks_per_host=env.local_world_size)
         return {k: round(v, 6) if isinstance(v, float) else v for k, v in fit.items()}
 

@@ -4,7 +4,8 @@ Full sharding is a 1-D mesh over every rank; hybrid sharding a 2-D (replicate, s
 sharded inside a node and replicated across nodes, nodes told apart by the ranks' hostnames.
 `--sharding auto` weighs the communication estimate (bytes per collective over the instance
 type's network, from facts.catalog) and takes whichever communicates less. The loop builds a
-WorkerEnv once (`setup`) and hands it to the model, the memory fit and the step.
+WorkerEnv once (`setup_parallel`) and hands it to the model (its mesh), the memory fit and the step
+(its Collectives: what they reduce over, and whether gradients also cross replicas).
 """
 
 from __future__ import annotations
@@ -187,6 +188,40 @@ def plan_sharding(sharding: str, world_size: int, hosts: list[str], *, shard_siz
 
 
 @dataclass(frozen=True)
+class Collectives:
+    """The ranks the step and the memory fit reduce over (every rank of the job: the default process group).
+
+    `replicated`: hybrid sharding, whose replicas also all-reduce gradients; the step defers that
+    all-reduce to its last micro-batch. One process (ONE_PROCESS) runs no collective at all.
+    """
+
+    world_size: int = 1
+    rank: int = 0
+    replicated: bool = False
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+    def sum(self, t: torch.Tensor) -> torch.Tensor:
+        """`t` summed over every rank, in place."""
+        if self.world_size > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t
+
+    def min(self, values: list[int], device: torch.device) -> list[int]:
+        """Each value's minimum over every rank: what all ranks agree on."""
+        if self.world_size == 1:
+            return values
+        t = torch.tensor(values, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return [int(v) for v in t.tolist()]
+
+
+ONE_PROCESS = Collectives()
+
+
+@dataclass(frozen=True)
 class WorkerEnv:
     rank: int
     world_size: int
@@ -194,6 +229,7 @@ class WorkerEnv:
     device: torch.device
     mesh: Any
     local_world_size: int = 1  # ranks on this rank's host (they share its memory)
+    collectives: Collectives = ONE_PROCESS
 
 
 def setup_parallel(cfg: TrainConfig, rank: int, world_size: int, local_rank: int,
@@ -242,7 +278,8 @@ def setup_parallel(cfg: TrainConfig, rank: int, world_size: int, local_rank: int
         log.info("sharding: %s, mesh %s over %d node(s) (%s)", plan.kind,
                  " x ".join(f"{n}={k}" for n, k in zip(plan.mesh_dim_names, plan.mesh_shape, strict=True)), plan.nodes,
                  plan.reason)
-    return WorkerEnv(rank, world_size, local_rank, device, mesh, local_world_size=hosts.count(hosts[rank]))
+    return WorkerEnv(rank, world_size, local_rank, device, mesh, local_world_size=hosts.count(hosts[rank]),
+                     collectives=Collectives(world_size, rank, replicated=plan.kind == "hybrid"))
 
 
 def transport_check(cfg: TrainConfig, env: WorkerEnv) -> None:

@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator, Mapping
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from facts.errors import UserError
 from trainer.losses import IMPLEMENTATIONS, linear_cross_entropy_sum, liger_available, liger_has_softcap
+from trainer.parallel import Collectives
 
 log = logging.getLogger("trainer")
 IGNORE_INDEX = -100
@@ -194,7 +194,7 @@ def loss_path(model: torch.nn.Module, impl: str) -> str:
     return model.__dict__.get("_trainer_loss_path", {}).get(impl, impl)
 
 
-def check_loss_path(model: torch.nn.Module, impl: str, device: torch.device) -> str:
+def check_loss_path(model: torch.nn.Module, impl: str, device: torch.device, *, collectives: Collectives) -> str:
     """`impl` when it gives the model's own loss, else the plain loss (or chunked for Liger); once per model.
 
     One forward of a 32-token batch with the model's own logits and one with `impl`: a model
@@ -223,7 +223,7 @@ def check_loss_path(model: torch.nn.Module, impl: str, device: torch.device) -> 
     try:
         with torch.no_grad():
             reference = forward_loss(model, batch, "plain")[0]
-            if not bool(min_over_ranks([int(bool(torch.isfinite(reference)))], device)[0]):
+            if not bool(collectives.min([int(bool(torch.isfinite(reference)))], device)[0]):
                 return impl  # weights that give NaN prove nothing here; StepHealth stops the run at its first step
             chosen = "plain"
             for candidate in order:
@@ -235,8 +235,8 @@ def check_loss_path(model: torch.nn.Module, impl: str, device: torch.device) -> 
         model.train(training)
         _reshard(model)
     ranked = ("liger", "chunked", "plain")
-    chosen = ranked[-min_over_ranks([-ranked.index(chosen)], device)[0]]
-    if chosen != impl and (not dist.is_initialized() or dist.get_rank() == 0):
+    chosen = ranked[-collectives.min([-ranked.index(chosen)], device)[0]]
+    if chosen != impl and collectives.leader:
         log.warning("loss %s does not reproduce %s's own loss on a 32-token check (known transform after the "
                     "head: %s): using %s", impl, type(model).__name__.removeprefix("FSDP"), transform, chosen)
     checked[impl] = chosen
@@ -248,34 +248,8 @@ def loss_index(labels: torch.Tensor) -> torch.Tensor:
     return (labels.flatten() != IGNORE_INDEX).nonzero().flatten()
 
 
-def _all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t
-
-
-def _world_size() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
-def _replicated(model: torch.nn.Module) -> bool:
-    """Hybrid sharding (2-D mesh): gradients are also all-reduced across replicas."""
-    p = next(model.parameters(), None)
-    mesh = getattr(p, "device_mesh", None)
-    return mesh is not None and mesh.ndim == 2 and mesh.size(0) > 1 and hasattr(model, "set_requires_all_reduce")
-
-
-def min_over_ranks(values: list[int], device: torch.device) -> list[int]:
-    """Each value's minimum over all ranks (a collective when there are several)."""
-    if _world_size() > 1:
-        t = torch.tensor(values, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN)
-        return [int(v) for v in t.tolist()]
-    return values
 
 
 def train_step(
@@ -285,15 +259,17 @@ def train_step(
     micro_batches: Iterable[Mapping[str, torch.Tensor]],
     *,
     device: torch.device,
+    collectives: Collectives,
     grad_clip: float = 1.0,
     loss: str = DEFAULT_LOSS,
 ) -> StepOutput:
     """Forward/backward every micro-batch, clip, step optimizer and schedule; returns device tensors.
 
-    With hybrid sharding the cross-replica all-reduce runs once per step, after the last
-    micro-batch; the reduce-scatter inside a replica runs after each.
+    `collectives` (trainer.parallel, the loop's WorkerEnv) are the ranks the token count and the
+    reported loss are summed over. With hybrid sharding the cross-replica all-reduce runs once per
+    step, after the last micro-batch; the reduce-scatter inside a replica runs after each.
     """
-    impl = check_loss_path(model, resolve_loss(loss, device), device)
+    impl = check_loss_path(model, resolve_loss(loss, device), device, collectives=collectives)
     micro_batches = list(micro_batches)
     if impl != "plain":
         micro_batches = [{**mb, "loss_index": loss_index(mb["labels"])} for mb in micro_batches]
@@ -302,13 +278,13 @@ def train_step(
     real_tokens = sum(int(mb["real_tokens"].sum()) if "real_tokens" in mb else mb["input_ids"].numel()
                       for mb in micro_batches)
     micro_batches = [to_device(mb, device) for mb in micro_batches]
-    world = _world_size()
-    global_tokens = _all_reduce_sum(torch.tensor(float(local_loss_tokens), device=device))
+    world = collectives.world_size
+    global_tokens = collectives.sum(torch.tensor(float(local_loss_tokens), device=device))
     scale = world / global_tokens.clamp(min=1.0)
 
     sums = torch.zeros(2, device=device, dtype=torch.float32)  # cross-entropy, weighted aux loss
     has_aux = False
-    defer_all_reduce = _replicated(model) and len(micro_batches) > 1
+    defer_all_reduce = collectives.replicated and len(micro_batches) > 1
     for i, mb in enumerate(micro_batches):
         if defer_all_reduce:
             model.set_requires_all_reduce(i == len(micro_batches) - 1)
@@ -328,7 +304,7 @@ def train_step(
     if scheduler is not None:
         scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    sums = _all_reduce_sum(sums)
+    sums = collectives.sum(sums)
     mean_loss = sums[0] / global_tokens.clamp(min=1.0)
     aux_loss = sums[1] / (world * len(micro_batches)) if has_aux else None
     return StepOutput(loss=mean_loss + aux_loss if has_aux else mean_loss, grad_norm=grad_norm.detach(), lr=lr,

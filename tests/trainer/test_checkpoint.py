@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from trainer import checkpoint as ckpt
+from trainer.parallel import ONE_PROCESS
 from trainer.data import prepare
 from trainer.export import save_safetensors
 from trainer.model import build_model, load_tokenizer
@@ -71,14 +72,15 @@ def test_save_then_load_restores_model_optimizer_schedule_and_rng(process_group,
     batches = lambda s: data.micro_batches(s, rank=0, world_size=1, global_batch=4, micro_batch=2, seed=0)  # noqa: E731
     model, opt, sched = _setup(demo_assets["model"])
     for s in range(3):
-        train_step(model, opt, sched, batches(s), device=torch.device("cpu"))
+        train_step(model, opt, sched, batches(s), device=torch.device("cpu"), collectives=ONE_PROCESS)
     store = Storage.from_uri(str(tmp_path / "run"))
     torch.manual_seed(123), random.seed(123), np.random.seed(123)
     path = ckpt.save(store, 3, model, opt, sched, data.position(3, 4))
     expected_rng = (torch.rand(1), random.random(), np.random.rand())
     lr_at_save = opt.param_groups[0]["lr"]
     assert path.endswith("checkpoint_00000003") and ckpt.is_complete(store, "checkpoint_00000003")
-    continued = [float(train_step(model, opt, sched, batches(s), device=torch.device("cpu")).loss) for s in (3, 4)]
+    continued = [float(train_step(model, opt, sched, batches(s), device=torch.device("cpu"), collectives=ONE_PROCESS).loss)
+                 for s in (3, 4)]
 
     model2, opt2, sched2 = _setup(demo_assets["model"])
     torch.manual_seed(999)
@@ -86,7 +88,8 @@ def test_save_then_load_restores_model_optimizer_schedule_and_rng(process_group,
     assert state["step"] == 3 and state["data_position"]["rows_consumed"] == 12
     assert (torch.rand(1), random.random(), np.random.rand()) == expected_rng
     assert sched2.last_epoch == 3 and opt2.param_groups[0]["lr"] == pytest.approx(lr_at_save)
-    resumed = [float(train_step(model2, opt2, sched2, batches(s), device=torch.device("cpu")).loss) for s in (3, 4)]
+    resumed = [float(train_step(model2, opt2, sched2, batches(s), device=torch.device("cpu"), collectives=ONE_PROCESS).loss)
+               for s in (3, 4)]
     assert resumed == pytest.approx(continued, rel=1e-6)
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from trainer import parallel
-from trainer.parallel import plan_sharding
+from trainer.parallel import ONE_PROCESS, plan_sharding
 
 from .conftest import free_port
 
@@ -88,7 +88,8 @@ def test_ranks_sharing_a_host_split_its_memory_for_the_automatic_micro_batch(mon
 
     def choose(host_bytes: float, ranks: int) -> dict:
         monkeypatch.setattr(memory, "available_host_bytes", lambda: host_bytes)
-        return memory.choose_micro_batch(model, opt, rows=8, seq_len=128, device=cpu, ranks_per_host=ranks)
+        return memory.choose_micro_batch(model, opt, rows=8, seq_len=128, device=cpu, collectives=ONE_PROCESS,
+                                         ranks_per_host=ranks)
 
     plenty = choose(2.0**40, 1)
     per_row, fixed = plenty["per_row_gib"] * 2**30, plenty["fixed_gib"] * 2**30
@@ -135,7 +136,8 @@ def _reference_losses(cfg) -> list[float]:
         for step in range(STEPS):
             mbs = data.micro_batches(step, rank=0, world_size=1, global_batch=cfg.global_batch_size,
                                      micro_batch=cfg.micro_batch_size, seed=cfg.seed)
-            losses.append(float(train_step(model, opt, sched, mbs, device=cpu, grad_clip=cfg.grad_clip).loss))
+            losses.append(float(train_step(model, opt, sched, mbs, device=cpu, collectives=ONE_PROCESS,
+                                             grad_clip=cfg.grad_clip).loss))
         return losses
     finally:
         dist.destroy_process_group()
@@ -200,7 +202,8 @@ def test_running_out_of_gpu_memory_in_the_probe_names_the_fixes(monkeypatch):
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)
     monkeypatch.setattr(memory, "probe_peak", out_of_memory)
     with pytest.raises(MemoryError) as e:
-        memory.choose_micro_batch(model, opt, rows=8, seq_len=8192, device=torch.device("cuda", 0), loss="chunked")
+        memory.choose_micro_batch(model, opt, rows=8, seq_len=8192, device=torch.device("cuda", 0), collectives=ONE_PROCESS,
+                                  loss="chunked")
     msg = str(e.value)
     assert "one sequence of 8192 tokens does not fit in GPU memory" in msg
     assert "(activation checkpointing off)" in msg

@@ -11,6 +11,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
+from trainer.parallel import ONE_PROCESS
 from trainer.losses import chunk_rows_for, chunked_linear_cross_entropy, linear_cross_entropy_sum
 from trainer.step import IGNORE_INDEX, loss_index, resolve_loss, token_loss_sum, train_step
 
@@ -155,7 +156,7 @@ def _fsdp_worker(rank: int, world: int, port: int, model_dir: str, out_dir: str)
             # SGD: the update is the accumulated, clipped gradient itself (Adam's first step is
             # sign(grad) and would magnify rounding differences of near-zero gradients)
             opt = torch.optim.SGD(model.parameters(), lr=0.1)
-            out = train_step(model, opt, None, batches, device=cpu, loss=impl)
+            out = train_step(model, opt, None, batches, device=cpu, collectives=ONE_PROCESS, loss=impl)
             params = {n: p.full_tensor().clone() for n, p in model.named_parameters()}
             result[impl] = {"grads": grads, "loss": float(out.loss), "grad_norm": float(out.grad_norm),
                             "params": params}
@@ -235,13 +236,14 @@ def test_a_model_that_changes_its_logits_in_an_unknown_way_gets_the_plain_loss(c
     model = ShiftedLogits(config)
     assert head_transform(model).scale == 1.0 and head_transform(model).softcap is None
     with caplog.at_level("WARNING", logger="trainer"):
-        assert check_loss_path(model, "chunked", torch.device("cpu")) == "plain"
+        assert check_loss_path(model, "chunked", torch.device("cpu"), collectives=ONE_PROCESS) == "plain"
     assert "does not reproduce ShiftedLogits's own loss" in caplog.text
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     batch = packed_batch(64)
-    out = train_step(model, opt, None, [batch], device=torch.device("cpu"), grad_clip=0.0, loss="chunked")
+    out = train_step(model, opt, None, [batch], device=torch.device("cpu"), collectives=ONE_PROCESS, grad_clip=0.0,
+                     loss="chunked")
     logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
     own = F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten(), ignore_index=IGNORE_INDEX)
     assert float(out.loss) == pytest.approx(float(own), rel=1e-5)
     plain_llama = LlamaForCausalLM(config)
-    assert check_loss_path(plain_llama, "chunked", torch.device("cpu")) == "chunked"
+    assert check_loss_path(plain_llama, "chunked", torch.device("cpu"), collectives=ONE_PROCESS) == "chunked"

@@ -11,6 +11,7 @@ from torch.distributed.tensor import DTensor
 from trainer.data import prepare
 from trainer.model import ModelSourceError, build_model, describe_source, load_tokenizer, resolve_model_path
 from trainer.optim import build_optimizer, lr_factor
+from trainer.parallel import ONE_PROCESS
 from trainer.step import train_step
 
 
@@ -44,7 +45,8 @@ def test_activation_checkpointing_changes_memory_not_numbers(process_group, demo
         assert model.is_gradient_checkpointing == ac
         opt = build_optimizer(model, lr=1e-3, weight_decay=0.0, fused=False)
         outs = [train_step(model, opt, None, data.micro_batches(s, rank=0, world_size=1, global_batch=4,
-                                                                 micro_batch=2, seed=0), device=torch.device("cpu"))
+                                                                 micro_batch=2, seed=0),
+                           device=torch.device("cpu"), collectives=ONE_PROCESS)
                 for s in range(2)]
         results.append([v for o in outs for v in (float(o.loss), float(o.grad_norm))])
     assert results[0] == pytest.approx(results[1], rel=1e-5)
@@ -77,7 +79,7 @@ def test_memory_forces_activation_checkpointing_only_when_one_sequence_does_not_
         fits.append(resolve_micro_batch(cfg, model, opt, env))
         outs = [train_step(model, opt, None, data.micro_batches(s, rank=0, world_size=1, global_batch=4,
                                                                  micro_batch=fits[-1]["micro_batch_size"], seed=0),
-                           device=cpu) for s in range(2)]
+                           device=cpu, collectives=ONE_PROCESS) for s in range(2)]
         models.append((model, [v for o in outs for v in (float(o.loss), float(o.grad_norm))]))
     roomy, tight = fits
     assert roomy["micro_batch_size"] == 4 and roomy["fits"] and not roomy["activation_checkpointing"]

@@ -19,6 +19,7 @@ import torch
 
 from trainer import checkpoint as ckpt
 from trainer import launch
+from trainer.parallel import ONE_PROCESS
 from trainer.data import prepare
 from trainer.export import EXPORT_DIR
 from trainer.model import build_model, load_tokenizer
@@ -154,7 +155,7 @@ def test_a_storage_error_mid_save_fails_loudly_and_the_previous_checkpoint_stays
 
     def step(s: int) -> None:
         train_step(model, opt, sched, data.micro_batches(s, rank=0, world_size=1, global_batch=4, micro_batch=2,
-                                                          seed=0), device=cpu)
+                                                          seed=0), device=cpu, collectives=ONE_PROCESS)
 
     store = Storage.from_uri(f"s3://{BUCKET}/unit", fs=s3.filesystem())
     model, opt, sched = setup()

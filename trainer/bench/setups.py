@@ -97,6 +97,7 @@ def run_trainer(steps_fn: Callable[[int], list[dict]], *, args, rows_per_step: i
     from trainer.memory import choose_micro_batch
     from trainer.model import build_model
     from trainer.optim import build_optimizer
+    from trainer.parallel import ONE_PROCESS
     from trainer.step import check_loss_path, resolve_loss, train_step
 
     ensure_process_group()
@@ -110,9 +111,11 @@ def run_trainer(steps_fn: Callable[[int], list[dict]], *, args, rows_per_step: i
                             attn_implementation=attn or args.attn, kernels=args.kernels, compile=args.compile,
                             random_init=True)
     optimizer = build_optimizer(model, lr=1e-5, weight_decay=0.0, fused=gpu)
-    loss = check_loss_path(model, resolve_loss(args.loss, device), device)  # the one giving the model's own loss
+    # the loss that gives the model's own
+    loss = check_loss_path(model, resolve_loss(args.loss, device), device, collectives=ONE_PROCESS)
     if args.micro_batch_size == "auto":
-        fit = choose_micro_batch(model, optimizer, rows=rows_per_step, seq_len=args.seq_len, device=device, loss=loss)
+        fit = choose_micro_batch(model, optimizer, rows=rows_per_step, seq_len=args.seq_len, device=device,
+                                 collectives=ONE_PROCESS, loss=loss)
         micro = fit["micro_batch_size"]
     else:
         micro, fit = int(args.micro_batch_size), None
@@ -125,7 +128,7 @@ def run_trainer(steps_fn: Callable[[int], list[dict]], *, args, rows_per_step: i
             t0 = time.perf_counter()
         batches = steps_fn(step)
         rows = [mb for b in batches for mb in split_rows(b, micro)]
-        out = train_step(model, optimizer, None, rows, device=device, loss=loss)
+        out = train_step(model, optimizer, None, rows, device=device, collectives=ONE_PROCESS, loss=loss)
         if step >= args.warmup:
             tokens += tokens_per_step(batches)
     float(out.loss)  # waits for the device
