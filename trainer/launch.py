@@ -19,7 +19,8 @@ from trainer.data import DataError, DataSpec, check_records, load_records, prepa
 from trainer.data import summary as data_summary
 from facts.errors import EXIT_FAILED, EXIT_OK, UserError, first_line
 from trainer.formats import Renderer
-from trainer.model import ModelSourceError, check_architecture, check_weights, describe_source, read_model_config
+from trainer.model import check_architecture
+from trainer.sources import ModelSourceError, check_weights, describe_source, read_model_config
 from trainer.storage import Storage, location_problem
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
@@ -45,7 +46,7 @@ def preflight_tokenizer(cfg: TrainConfig, storage_fs: Any = None):
     """The tokenizer the workers will use (only its files are fetched), --chat-template applied."""
     import tempfile
 
-    from trainer.model import load_tokenizer
+    from trainer.sources import load_tokenizer
 
     spec = cfg.tokenizer or cfg.model
     if describe_source(spec) == "s3":

@@ -21,7 +21,8 @@ from trainer import checkpoint as ckpt
 from trainer import launch
 from trainer.data import prepare
 from trainer.export import EXPORT_DIR
-from trainer.model import build_model, load_tokenizer
+from trainer.model import build_model
+from trainer.sources import load_tokenizer
 from trainer.optim import build_optimizer, build_scheduler
 from trainer.step import train_step
 from trainer.storage import Storage
@@ -233,7 +234,7 @@ def test_a_run_on_s3_fails_loudly_on_a_storage_error_and_resumes_from_the_last_c
 
 
 def test_the_preflight_reads_s3_weight_headers_and_asks_the_bucket_without_writing(s3, demo_assets):
-    from trainer.model import ModelSourceError, check_weights
+    from trainer.sources import ModelSourceError, check_weights
     from trainer.storage import location_problem
 
     s3.faults.clear()
