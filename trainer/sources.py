@@ -243,13 +243,38 @@ def read_model_config(spec: str, *, storage_fs: Any = None):
             f"save_pretrained, a Hugging Face hub id (org/name) or an s3:// prefix") from None
 
 
-def load_tokenizer(path: str | Path):
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+                    "tokenizer.model", "added_tokens.json", "chat_template.jinja", "chat_template.json", "config.json")
+
+
+def load_tokenizer(path: str | Path, *, cache_dir: str | Path | None = None):
+    """The tokenizer of a folder (or, with `cache_dir`, a hub id); a missing pad token is the EOS token."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(path))
+    kw = {"cache_dir": str(Path(cache_dir) / "hub")} if cache_dir else {}
+    tok = AutoTokenizer.from_pretrained(str(path), **kw)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
+
+
+def tokenizer_only(spec: str, cache_dir: str | Path, *, storage_fs: Any = None):
+    """The tokenizer of a model source with only its tokenizer files fetched (the pre-flight needs no weights)."""
+    import tempfile
+
+    kind = describe_source(spec)
+    if kind == "s3":
+        from trainer.storage import Storage
+
+        store = Storage.from_uri(spec, fs=storage_fs)
+        folder = Path(tempfile.mkdtemp(prefix="tokenizer-"))
+        for name in _TOKENIZER_FILES:
+            if store.exists(name):
+                (folder / name).write_bytes(store.read_bytes(name))
+        return load_tokenizer(folder)
+    if kind == "hub":
+        return load_tokenizer(spec, cache_dir=cache_dir)
+    return load_tokenizer(Path(spec).expanduser())
 
 
 # ---------------------------------------------------------------- datasets

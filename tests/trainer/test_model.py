@@ -11,7 +11,7 @@ from torch.distributed.tensor import DTensor
 from trainer.data import prepare
 from trainer.model import build_model
 from trainer.optim import build_optimizer, lr_factor
-from trainer.sources import ModelSourceError, describe_source, load_tokenizer, resolve_model_path
+from trainer.sources import ModelSourceError, describe_source, load_tokenizer, resolve_model_path, tokenizer_only
 from trainer.step import train_step
 
 
@@ -140,6 +140,7 @@ def test_a_hub_id_resolves_to_its_snapshot_in_the_hub_cache_and_is_remembered(tm
     (repo / "refs" / "main").write_text(commit)
     path = resolve_model_path("org/tiny", tmp_path / "cache")
     assert path == repo / "snapshots" / commit and (path / "config.json").is_file()
+    assert tokenizer_only("org/tiny", tmp_path / "cache")("hub")["input_ids"] == load_tokenizer(path)("hub")["input_ids"]
     shutil.rmtree(repo / "refs")  # the marker in the per-node cache answers without asking the hub again
     assert resolve_model_path("org/tiny", tmp_path / "cache") == path
     with pytest.raises(ModelSourceError, match=r"model 'org/absent': not a local folder, and fetching it from "
