@@ -19,11 +19,9 @@ from trainer.data import DataError, DataSpec, check_records, load_records, prepa
 from trainer.data import summary as data_summary
 from facts.errors import EXIT_FAILED, EXIT_OK, UserError, first_line
 from trainer.formats import Renderer
-from trainer.model import ModelSourceError, check_architecture, check_weights, describe_source, read_model_config
+from trainer.model import check_architecture
+from trainer.sources import ModelSourceError, check_weights, read_model_config, tokenizer_only
 from trainer.storage import Storage, location_problem
-
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-                    "tokenizer.model", "added_tokens.json", "chat_template.jinja", "chat_template.json", "config.json")
 
 
 def read_chat_template(spec: str, storage_fs: Any = None) -> str:
@@ -43,26 +41,7 @@ def read_chat_template(spec: str, storage_fs: Any = None) -> str:
 
 def preflight_tokenizer(cfg: TrainConfig, storage_fs: Any = None):
     """The tokenizer the workers will use (only its files are fetched), --chat-template applied."""
-    import tempfile
-
-    from trainer.model import load_tokenizer
-
-    spec = cfg.tokenizer or cfg.model
-    if describe_source(spec) == "s3":
-        store = Storage.from_uri(spec, fs=storage_fs)
-        folder = Path(tempfile.mkdtemp(prefix="tokenizer-"))
-        for name in _TOKENIZER_FILES:
-            if store.exists(name):
-                (folder / name).write_bytes(store.read_bytes(name))
-        tok = load_tokenizer(folder)
-    elif describe_source(spec) == "hub":
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(spec, cache_dir=str(Path(cfg.resolved_cache_dir) / "hub"))
-        if tok.pad_token_id is None:
-            tok.pad_token = tok.eos_token
-    else:
-        tok = load_tokenizer(Path(spec).expanduser())
+    tok = tokenizer_only(cfg.tokenizer or cfg.model, cfg.resolved_cache_dir, storage_fs=storage_fs)
     if cfg.chat_template:
         tok.chat_template = read_chat_template(cfg.chat_template, storage_fs)
     return tok

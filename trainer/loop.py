@@ -27,7 +27,8 @@ from trainer.config import TrainConfig
 from trainer.data import DataSpec, PackedData, prepare
 from trainer.data import summary as data_summary
 from trainer.export import export_hf
-from trainer.model import build_model, load_tokenizer, resolve_model_path
+from trainer.model import build_model
+from trainer.sources import load_tokenizer, resolve_model_path
 from trainer.monitor import Monitor
 from trainer.parallel import WorkerEnv, setup_parallel, transport_check
 from trainer.resume import INPUTS_KEY

@@ -245,7 +245,7 @@ def setup_parallel(cfg: TrainConfig, rank: int, world_size: int, local_rank: int
     from torch.distributed.device_mesh import init_device_mesh
 
     from trainer.flops import parameter_count
-    from trainer.model import read_model_config
+    from trainer.sources import read_model_config
 
     if cfg.use_gpu:
         device = device or torch.device("cuda", local_rank)

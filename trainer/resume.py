@@ -31,13 +31,13 @@ def model_identity(spec: str, *, storage_fs: Any = None) -> dict:
     Sampled, not whole-file, hashes: two checkpoints of one architecture have identical
     headers and sizes, but no two trainings agree on a single MiB of weights.
     """
-    from trainer.model import _BIN_WEIGHTS, _local_model_dir, describe_source
+    from trainer.sources import BIN_WEIGHTS, describe_source, local_model_dir
 
     kind = describe_source(spec)
     if kind == "local":
-        folder = _local_model_dir(spec)
+        folder = local_model_dir(spec)
         names = sorted(p.name for p in folder.iterdir() if p.is_file() and (p.suffix == ".safetensors"
-                                                                          or _BIN_WEIGHTS.match(p.name)))
+                                                                          or BIN_WEIGHTS.match(p.name)))
         return {"config": _sha(folder.joinpath("config.json").read_bytes()),
                 "weights": [[n, (folder / n).stat().st_size, _sampled_hash(folder / n)] for n in names]}
     if kind == "s3":
@@ -47,7 +47,7 @@ def model_identity(spec: str, *, storage_fs: Any = None) -> dict:
         sizes = store.file_sizes()
         return {"config": _sha(store.read_bytes("config.json")),
                 "weights": sorted([n, size] for n, size in sizes.items() if "/" not in n
-                                  and (n.endswith(".safetensors") or _BIN_WEIGHTS.match(n)))}
+                                  and (n.endswith(".safetensors") or BIN_WEIGHTS.match(n)))}
     return {"hub": spec}
 
 

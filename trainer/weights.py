@@ -32,7 +32,8 @@ import torch
 from torch import nn
 
 from facts.errors import first_line
-from trainer.model import ModelSourceError, model_name
+from trainer.model import model_name
+from trainer.sources import ModelSourceError
 
 log = logging.getLogger("trainer")
 

@@ -258,7 +258,7 @@ def test_records_too_long_are_counted_and_reported_with_the_options(inputs, caps
 
 
 def test_hub_downloads_fetch_the_weights_the_trainer_reads():
-    from trainer.model import hub_weight_files
+    from trainer.sources import hub_weight_files
 
     bin_only = ["config.json", "pytorch_model-00001-of-00002.bin", "pytorch_model-00002-of-00002.bin",
                 "pytorch_model.bin.index.json", "tokenizer.json", "flax_model.msgpack", "tf_model.h5"]

@@ -13,7 +13,8 @@ from trainer import checkpoint as ckpt
 from trainer.parallel import ONE_PROCESS
 from trainer.data import prepare
 from trainer.export import save_safetensors
-from trainer.model import build_model, load_tokenizer
+from trainer.model import build_model
+from trainer.sources import load_tokenizer
 from trainer.optim import build_optimizer, build_scheduler
 from trainer.step import train_step
 from trainer.storage import Storage

@@ -6,7 +6,7 @@ import json
 
 from trainer import demo
 from trainer.data import DataSpec, prepare
-from trainer.model import load_tokenizer
+from trainer.sources import load_tokenizer
 from trainer.__main__ import main as trainer
 
 

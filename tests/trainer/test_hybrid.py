@@ -117,7 +117,8 @@ def _reference_losses(cfg) -> list[float]:
     import torch.distributed as dist
 
     from trainer.data import prepare
-    from trainer.model import build_model, load_tokenizer
+    from trainer.model import build_model
+    from trainer.sources import load_tokenizer
     from trainer.optim import build_optimizer, build_scheduler
     from trainer.step import train_step
 

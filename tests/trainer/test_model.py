@@ -9,9 +9,10 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from trainer.data import prepare
-from trainer.model import ModelSourceError, build_model, describe_source, load_tokenizer, resolve_model_path
+from trainer.model import build_model
 from trainer.optim import build_optimizer, lr_factor
 from trainer.parallel import ONE_PROCESS
+from trainer.sources import ModelSourceError, describe_source, load_tokenizer, resolve_model_path, tokenizer_only
 from trainer.step import train_step
 
 
@@ -91,7 +92,7 @@ def test_memory_forces_activation_checkpointing_only_when_one_sequence_does_not_
 
 
 def test_a_folder_without_weights_is_refused_unless_random_init_is_asked_for(process_group, demo_assets, tmp_path):
-    from trainer.model import ModelSourceError
+    from trainer.sources import ModelSourceError
 
     folder = tmp_path / "config-only"
     folder.mkdir()
@@ -130,3 +131,20 @@ def test_model_sources_are_recognised_and_bad_ones_explained(tmp_path, demo_asse
         resolve_model_path(str(tmp_path), tmp_path)
     with pytest.raises(ModelSourceError, match="does not exist"):
         resolve_model_path("./no/such/folder", tmp_path)
+
+
+def test_a_hub_id_resolves_to_its_snapshot_in_the_hub_cache_and_is_remembered(tmp_path, demo_assets):
+    """huggingface_hub's own offline snapshot_download reads a cache laid out as the hub writes it."""
+    repo = tmp_path / "cache" / "hub" / "models--org--tiny"
+    commit = "0" * 40
+    shutil.copytree(demo_assets["model"], repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    path = resolve_model_path("org/tiny", tmp_path / "cache")
+    assert path == repo / "snapshots" / commit and (path / "config.json").is_file()
+    assert tokenizer_only("org/tiny", tmp_path / "cache")("hub")["input_ids"] == load_tokenizer(path)("hub")["input_ids"]
+    shutil.rmtree(repo / "refs")  # the marker in the per-node cache answers without asking the hub again
+    assert resolve_model_path("org/tiny", tmp_path / "cache") == path
+    with pytest.raises(ModelSourceError, match=r"model 'org/absent': not a local folder, and fetching it from "
+                                               r"the Hugging Face hub failed .*HF_TOKEN"):
+        resolve_model_path("org/absent", tmp_path / "cache")

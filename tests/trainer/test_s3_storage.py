@@ -22,8 +22,9 @@ from trainer import launch
 from trainer.parallel import ONE_PROCESS
 from trainer.data import prepare
 from trainer.export import EXPORT_DIR
-from trainer.model import build_model, load_tokenizer
+from trainer.model import build_model
 from trainer.optim import build_optimizer, build_scheduler
+from trainer.sources import load_tokenizer
 from trainer.step import train_step
 from trainer.storage import Storage
 
@@ -234,7 +235,7 @@ def test_a_run_on_s3_fails_loudly_on_a_storage_error_and_resumes_from_the_last_c
 
 
 def test_the_preflight_reads_s3_weight_headers_and_asks_the_bucket_without_writing(s3, demo_assets):
-    from trainer.model import ModelSourceError, check_weights
+    from trainer.sources import ModelSourceError, check_weights
     from trainer.storage import location_problem
 
     s3.faults.clear()
@@ -251,3 +252,19 @@ def test_the_preflight_reads_s3_weight_headers_and_asks_the_bucket_without_writi
     assert location_problem(f"s3://{BUCKET}/runs/new-run", fs) is None
     assert "the bucket no-such-bucket does not exist" in location_problem("s3://no-such-bucket/runs/x", fs)
     assert s3.keys("") == before  # asked, nothing written
+
+
+def test_the_preflight_tokenizer_of_an_s3_model_fetches_its_tokenizer_files_and_no_weights(s3, demo_assets):
+    from pathlib import Path
+
+    from trainer.sources import tokenizer_only
+
+    s3.faults.clear()
+    fs = s3.filesystem()
+    Storage.from_uri(f"s3://{BUCKET}/models/tok", fs=fs).upload_dir(demo_assets["model"])
+    tok = tokenizer_only(f"s3://{BUCKET}/models/tok", "unused", storage_fs=fs)
+    fetched = {p.name for p in Path(tok.name_or_path).iterdir()}
+    assert "config.json" in fetched and not any(n.endswith(".safetensors") for n in fetched)
+    text = "a tokenizer read from s3"
+    assert tok(text)["input_ids"] == load_tokenizer(demo_assets["model"])(text)["input_ids"]
+    assert tok.pad_token_id is not None
