@@ -25,6 +25,11 @@ PRICING = "https://aws.amazon.com/ec2/pricing/on-demand/ (us-east-1, Linux)"
 HUGEPAGES_DOCS = "https://docs.aws.amazon.com/eks/latest/userguide/node-efa.html"
 GPUDIRECT_NOTE = "aws-ofi-nccl issue 547: g5/g6/g6e have EFA without GPUDirect RDMA"
 
+# Per-GPU bandwidth inside a node, GB/s in one direction, for the communication estimate: NVLink by chip
+# (an NVLink chip not listed is taken at 300), else PCIe Gen4 x16 (L4, L40S, A10G: 32 GB/s raw, ~25 usable).
+NVLINK_GBYTES_PER_S = {"A100": 300.0, "H100": 450.0, "H200": 450.0, "B200": 900.0}
+PCIE_GBYTES_PER_S = 25.0
+
 @dataclass(frozen=True)
 class GpuInstanceType:
     name: str
@@ -50,6 +55,12 @@ class GpuInstanceType:
     @property
     def gpu_memory_gib(self) -> float:
         return round(self.gpu_memory_mib / 1024, 2)
+
+    @property
+    def intra_node_gbytes_per_s(self) -> float:
+        if not self.nvlink:
+            return PCIE_GBYTES_PER_S
+        return NVLINK_GBYTES_PER_S.get(self.gpu_model.split()[-1], 300.0)
 
 
 @dataclass(frozen=True)

@@ -24,11 +24,6 @@ from trainer.config import ConfigError, TrainConfig
 log = logging.getLogger("trainer")
 
 
-# Per-GPU bandwidth inside a node, GB/s in one direction (not in facts.catalog).
-INTRA_NODE_GBYTES = {"nvlink": {"A100": 300.0, "H100": 450.0, "H200": 450.0, "B200": 900.0},
-                     "pcie": 25.0}  # PCIe Gen4 x16 (L4, L40S, A10G): 32 GB/s raw, ~25 usable
-
-
 def instance_network(instance_type: str) -> dict[str, Any]:
     """Network facts of a GPU instance type, from the instance catalog (facts.catalog, shipped with every job)."""
     from facts.catalog import GPU_TYPES
@@ -36,10 +31,9 @@ def instance_network(instance_type: str) -> dict[str, Any]:
     if instance_type not in GPU_TYPES:
         raise ValueError(f"instance type {instance_type!r}: unknown; use one of {', '.join(sorted(GPU_TYPES))}")
     row = GPU_TYPES[instance_type]
-    short = row.gpu_model.split()[-1]
-    intra = INTRA_NODE_GBYTES["nvlink"].get(short, 300.0) if row.nvlink else INTRA_NODE_GBYTES["pcie"]
     return {"instance_type": instance_type, "gpus_per_node": row.gpus, "network_gbps": row.network_gbps,
-            "gpudirect_rdma": row.gpudirect_rdma, "nvlink": row.nvlink, "intra_node_gbytes_per_s": intra}
+            "gpudirect_rdma": row.gpudirect_rdma, "nvlink": row.nvlink,
+            "intra_node_gbytes_per_s": row.intra_node_gbytes_per_s}
 
 
 def comm_estimate(params: int, *, nodes: int, gpus_per_node: int, network_gbps: float,

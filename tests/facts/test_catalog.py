@@ -29,6 +29,15 @@ def test_reference_figures():
     assert catalog.GPU_TYPES["p5.48xlarge"].efa_interfaces == 32
 
 
+def test_intra_node_bandwidth_is_nvlinks_where_the_gpus_have_it_else_pcies():
+    """What the communication estimate weighs hybrid sharding with: NVLink by chip, PCIe on L4/L40S/A10G."""
+    rows = catalog.GPU_TYPES
+    assert {n: r.intra_node_gbytes_per_s for n, r in rows.items() if not r.nvlink} == {
+        n: catalog.PCIE_GBYTES_PER_S for n, r in rows.items() if not r.nvlink}
+    assert (rows["p4d.24xlarge"].intra_node_gbytes_per_s, rows["p5.48xlarge"].intra_node_gbytes_per_s) == (300.0, 450.0)
+    assert all(r.intra_node_gbytes_per_s > catalog.PCIE_GBYTES_PER_S for r in rows.values() if r.nvlink)
+
+
 def test_non_efa_types_are_not_supported():
     assert not catalog.NON_EFA_GPU_TYPES & set(catalog.GPU_TYPES)
 
