@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from facts.errors import UserError
+from facts.errors import UserError, first_line
 
 ROLES = ("system", "user", "assistant", "tool")
 TRAIN_ON = ("completion", "all")
@@ -289,7 +289,7 @@ class Renderer:
 
     def _template_error(self, ex: Example, err: Exception) -> RecordError:
         return RecordError(f"{ex.where}: the chat template cannot render this record "
-                           f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})")
+                           f"({first_line(err)})")
 
     # -- encoding
     def encode(self, ex: Example) -> tuple[list[int], list[bool]]:

@@ -100,8 +100,7 @@ def preflight(cfg: TrainConfig, storage_filesystem: Any = None, *, full_data: bo
             tokenizer = preflight_tokenizer(cfg, storage_filesystem)
         except Exception as e:  # noqa: BLE001 - any failure to load it means the job cannot tokenize
             which = "tokenizer" if cfg.tokenizer else "model"
-            problems.append(f"{flag(which)}: cannot load its tokenizer ({type(e).__name__}: "
-                            f"{str(e).splitlines()[0] if str(e) else ''})")
+            problems.append(f"{flag(which)}: cannot load its tokenizer ({first_line(e)})")
     try:
         if full_data and tokenizer is not None:
             packed = prepare(DataSpec.from_config(cfg), tokenizer=tokenizer, seq_len=cfg.seq_len,

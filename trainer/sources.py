@@ -94,7 +94,7 @@ def resolve_model_path(spec: str, cache_dir: str | Path, *, storage_fs: Any = No
         except Exception as e:  # noqa: BLE001 - any hub failure means the same thing to the user
             raise ModelSourceError(
                 f"model {spec!r}: not a local folder, and fetching it from the Hugging Face hub failed "
-                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); check the id, network "
+                f"({first_line(e)}); check the id, network "
                 f"access and HF_TOKEN for gated models") from None
         target.mkdir(parents=True, exist_ok=True)  # the hub's own cache holds the files; the marker points there
         (target / cache.MARKER).write_text(json.dumps({"path": str(path), "source": spec}))
@@ -390,14 +390,8 @@ def _listing(store, name: str) -> list[list]:
                   for i in infos if i.type == pafs.FileType.File)
 
 
-def _first_line(err: BaseException) -> str:
-    """The root cause's first line: `datasets` wraps the reader's error in a generic one."""
-    err = _root(err)
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
-
-
 def _root(err: BaseException) -> BaseException:
+    """The root cause: `datasets` wraps the reader's error in a generic one."""
     while err.__cause__ is not None or (err.__context__ is not None and not str(err)):
         err = err.__cause__ or err.__context__
     return err
@@ -445,9 +439,9 @@ def open_dataset(source: Source, *, streaming: bool = False, cache_dir: str | Pa
             raise undecodable(source, _root(e)) from None
         if source.kind == "hub":
             raise DataError(f"{source.label}: not a local file or folder, and loading it from the Hugging Face "
-                            f"hub failed ({_first_line(e)}); check the id, --dataset-config and --dataset-split, "
+                            f"hub failed ({first_line(_root(e))}); check the id, --dataset-config and --dataset-split, "
                             f"network access, and HF_TOKEN for gated datasets") from None
-        raise DataError(f"{source.label}: `datasets` cannot read it ({_first_line(e)}); check the file's format "
+        raise DataError(f"{source.label}: `datasets` cannot read it ({first_line(_root(e))}); check the file's format "
                         f"and --dataset-split (a single file has the split 'train')") from None
 
 

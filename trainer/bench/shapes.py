@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from facts.errors import UserError
+from facts.errors import UserError, first_line
 
 SHAPES: dict[str, dict[str, Any]] = {
     "qwen2.5-1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
@@ -37,8 +37,7 @@ def model_config(shape: str):
     try:
         config = AutoConfig.from_pretrained(str(path))
     except Exception as e:  # noqa: BLE001 - a foreign or broken JSON file: name it
-        raise BenchError(f"--model-shape {shape!r}: not a transformers model config ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
+        raise BenchError(f"--model-shape {shape!r}: not a transformers model config ({first_line(e)})") from None
     config.use_cache = False
     return config
 
