@@ -78,6 +78,13 @@ def test_bad_options_are_named_with_the_fix(capsys):
     assert "positive divisor of --global-batch-size 8" in capsys.readouterr().err
     assert bench_main(["--setups", "hf_trainer,deepspeed"]) == 2
     assert "unknown deepspeed" in capsys.readouterr().err
+    assert bench_main(["padding", "--documents", "5", "--seq-len", "256"]) == 2
+    assert ("error: --documents 5 pack into 1 rows, fewer than the 40 the steps need; raise --documents or lower "
+            "--steps/--global-batch-size") in capsys.readouterr().err
+    assert bench_main(["comm", "--nodes", "0"]) == 2
+    assert "error: --nodes and --micro-batches must be at least 1" in capsys.readouterr().err
+    assert bench_main(["comm", "--instance-type", "g9.huge"]) == 2
+    assert "error: --instance-type: instance type 'g9.huge': unknown; use one of" in capsys.readouterr().err
 
 
 def test_the_instruction_dataset_is_deterministic_with_a_long_tail():
