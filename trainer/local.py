@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import os
 import shutil
+import socket
 import sys
 import time
 from pathlib import Path
@@ -109,6 +110,18 @@ def prepare_assets(out: Path, seed: int, *, model: bool = True, data: bool = Tru
     return (demo.write_init_model(out / DEMO_MODEL, seed=seed) if model else out / DEMO_MODEL), eval_rows
 
 
+def _dashboard_port(preferred: int = 8265) -> int:
+    """Ray's usual dashboard port when it is free here, else any free one."""
+    for port in (preferred, 0):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise OSError("no free local port for the Ray dashboard")
+
+
 @contextlib.contextmanager
 def own_cluster(num_cpus: int) -> Iterator:
     """A new local Ray cluster, whatever else runs here: `address="local"` never joins one, and
@@ -121,9 +134,16 @@ def own_cluster(num_cpus: int) -> Iterator:
     os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
     # Ray gives each dashboard module 30 s to start; a busy laptop or CI machine can need more.
     os.environ.setdefault("RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT", "180")
+    # The dashboard serves the State API that Ray Train's placement-group cleaner polls to learn whether
+    # the run's controller lives. Left to itself the cleaner finds "the" cluster through
+    # /tmp/ray/ray_current_cluster, which names whatever `ray start` ran last: another live cluster
+    # (where the controller is unknown, so the cleaner removes this run's placement group) or a dead one
+    # (its thread dies with a traceback). RAY_API_SERVER_ADDRESS points every process of the run here.
+    port = _dashboard_port()
     try:
-        # The dashboard serves the State API that Ray Train's placement-group cleaner polls.
-        yield ray.init(address="local", num_cpus=num_cpus, include_dashboard=True, logging_level="WARNING")
+        yield ray.init(address="local", num_cpus=num_cpus, include_dashboard=True, dashboard_port=port,
+                       runtime_env={"env_vars": {"RAY_API_SERVER_ADDRESS": f"http://127.0.0.1:{port}"}},
+                       logging_level="WARNING")
     finally:
         ray.shutdown()
         if saved is not None:

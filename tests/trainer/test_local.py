@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from trainer import local
@@ -42,8 +44,13 @@ def test_local_takes_the_training_flags_and_config_of_train_and_submit(tmp_path)
 
 def test_local_starts_its_own_cluster_even_with_ray_address_pointing_at_a_running_one(
         ray_cluster, demo_assets, trainer_cache, tmp_path):
+    """RAY_ADDRESS and the address file `ray start` leaves (RAY_TMPDIR/ray_current_cluster) both name the
+    session's running cluster: the run keeps to its own, Ray Train's placement-group cleaner included
+    (asking the other cluster, it finds no controller there and gives up or removes the run's group)."""
     out = tmp_path / "own"
-    env = {**ray_cluster.client_env(), "RAY_ADDRESS": ray_cluster.address}
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rt-", dir="/tmp"))  # short: Ray's socket paths must fit
+    (ray_tmp / "ray_current_cluster").write_text(ray_cluster.address)
+    env = {**ray_cluster.client_env(), "RAY_ADDRESS": ray_cluster.address, "RAY_TMPDIR": str(ray_tmp)}
     proc = subprocess.run(
         [sys.executable, "-m", "trainer", "local", "--model", str(demo_assets["model"]), "--dataset",
          str(demo_assets["train"]), "--steps", "2", "--global-batch-size", "4", "--log-every", "1",
@@ -53,3 +60,6 @@ def test_local_starts_its_own_cluster_even_with_ray_address_pointing_at_a_runnin
     assert "training on a local Ray cluster of its own" in proc.stdout
     assert "num_cpus and num_gpus must not be provided" not in proc.stderr
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2]
+    output = proc.stdout + proc.stderr
+    assert "Found multiple active Ray instances" not in output and "with cleaner" not in output, output[-3000:]
+    shutil.rmtree(ray_tmp, ignore_errors=True)
