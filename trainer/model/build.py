@@ -1,11 +1,11 @@
-"""Model setup: build on the meta device, shard with FSDP2 (trainer.parallel), load the shards of the folder
-trainer.sources resolved.
+"""Model setup: build on the meta device, shard with FSDP2 (trainer.model.sharding), load the shards of the
+folder trainer.model.sources resolved.
 
 No rank ever materialises the full model in host memory: every rank builds the model on
 the meta device, shards it with fully_shard (one group per decoder layer, and the tied
 embedding, final norm and lm_head together, which torch >= 2.13 requires for tied
 weights), allocates only its own shard, and reads only its slices of the Hugging Face
-safetensors files through torch.distributed.checkpoint's HuggingFaceStorageReader.
+weight files (trainer.model.weights).
 
 Imports torch and transformers only (no ray, no datasets): the benchmark reuses it.
 """
@@ -14,118 +14,18 @@ from __future__ import annotations
 
 import functools
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from trainer.parallel import shard_model
-from trainer.sources import ModelSourceError, no_weights, weight_files
+from trainer.model.errors import UnsupportedArchitecture
+from trainer.model.parts import ModelParts, model_parts
+from trainer.model.sharding import mixed_precision, shard_model
+from trainer.model.sources import no_weights, weight_files
+from trainer.model.weights import load_sharded
 
 log = logging.getLogger("trainer")
-def mixed_precision(use_gpu: bool):
-    """bf16 compute with fp32 gradient reduction on GPU; plain fp32 on CPU."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
-    if use_gpu:
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    return MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
-
-
-class UnsupportedArchitecture(ModelSourceError):
-    """The model's class does not expose what sharding needs (decoder layers, embeddings, lm_head)."""
-
-
-@dataclass(frozen=True)
-class ModelParts:
-    """The modules FSDP2 groups, found through what transformers exposes for the model."""
-
-    decoder: nn.Module           # get_decoder(): the base model holding the layers
-    layers: tuple[nn.Module, ...]  # classes named in _no_split_modules (what HF's own FSDP wrapping uses)
-    embed: nn.Module             # get_input_embeddings()
-    norm: nn.Module | None       # the stage after the layers in the base model's pipeline plan
-    head: nn.Module              # get_output_embeddings()
-
-    @property
-    def tied(self) -> bool:
-        return getattr(self.head, "weight", None) is not None and self.head.weight is getattr(self.embed, "weight", None)
-
-
-def model_name(model: nn.Module) -> str:
-    """The transformers class name, also once fully_shard has swapped in FSDP<Name>."""
-    return type(model).__name__.removeprefix("FSDP")
-
-
-def _class_names(module: nn.Module) -> set[str]:
-    """The module's class and its bases: FSDP2 swaps in a subclass named FSDP<Name>."""
-    return {c.__name__ for c in type(module).__mro__}
-
-
-def _pipeline_stages(decoder: nn.Module) -> list[str]:
-    plan = getattr(decoder, "_pp_plan", None) or getattr(getattr(decoder, "config", None), "base_model_pp_plan", None)
-    return list(plan or {})
-
-
-def model_parts(model: nn.Module) -> ModelParts:
-    """Decoder layers, embeddings, final norm and lm_head of a transformers causal LM.
-
-    Layers are the modules whose class is in `_no_split_modules` (else the ModuleList of the
-    base model's pipeline plan); the final norm is the stage after the layers in that plan
-    (else a direct child of the base model whose class name has "Norm", transformers' own
-    test in `_init_weights`); without one it stays in the root FSDP group. Raises
-    UnsupportedArchitecture naming what is missing.
-    """
-    name = model_name(model)
-    missing = []
-    try:
-        embed = model.get_input_embeddings()
-    except (NotImplementedError, AttributeError):
-        embed = None
-    if embed is None or getattr(embed, "weight", None) is None:
-        missing.append("input embeddings (get_input_embeddings() gives no module with a weight)")
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if head is None or getattr(head, "weight", None) is None:
-        missing.append("an lm_head (get_output_embeddings() gives no module with a weight)")
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
-    no_split = set(getattr(model, "_no_split_modules", None) or ())
-    layers: list[nn.Module] = []
-    if no_split:
-        inside: set[int] = set()
-        for module in decoder.modules():
-            if id(module) in inside:
-                continue
-            if _class_names(module) & no_split:
-                layers.append(module)
-                inside.update(id(m) for m in module.modules())
-    if not layers:
-        lists = [getattr(decoder, s, None) for s in _pipeline_stages(decoder)]
-        layers = next((list(m) for m in lists if isinstance(m, nn.ModuleList) and len(m)), [])
-    if not layers:
-        missing.append(f"decoder layers (no module of {type(decoder).__name__} is of a class in _no_split_modules "
-                       f"{sorted(no_split) or '(empty)'}, and its pipeline plan names no layer list)")
-    if missing:
-        raise UnsupportedArchitecture(f"{name} ({getattr(model.config, 'model_type', '?')}) cannot be sharded by "
-                                      f"the trainer: it has no {'; no '.join(missing)}. Use a causal LM whose "
-                                      f"transformers class exposes them (Llama, Qwen, Mistral, Gemma, Phi-3, "
-                                      f"GPT-NeoX, Mixtral, ...)")
-    norm = _final_norm(decoder, layers, embed)
-    return ModelParts(decoder, tuple(layers), embed, norm, head)
-
-
-def _final_norm(decoder: nn.Module, layers: list[nn.Module], embed: nn.Module) -> nn.Module | None:
-    stages = _pipeline_stages(decoder)
-    layer_ids = {id(m) for m in layers}
-    after = []
-    for i, stage in enumerate(stages):
-        module = getattr(decoder, stage, None)
-        if isinstance(module, nn.ModuleList) and any(id(m) in layer_ids for m in module):
-            after = [getattr(decoder, s, None) for s in stages[i + 1:]]
-    candidates = [m for m in after if isinstance(m, nn.Module) and any(True for _ in m.parameters())]
-    if not candidates:
-        candidates = [m for m in decoder.children() if any("Norm" in n for n in _class_names(m))
-                      and id(m) not in layer_ids and m is not embed]
-    return candidates[-1] if candidates else None
 
 
 def check_architecture(config) -> ModelParts:
@@ -164,8 +64,6 @@ def initialise_unloaded(model: nn.Module, seed: int) -> None:
 
 def load_weights(model: nn.Module, path: str | Path) -> dict:
     """Read this rank's slices of the checkpoint into the sharded parameters (trainer.weights)."""
-    from trainer.weights import load_sharded
-
     return load_sharded(model, Path(path))
 
 
@@ -265,5 +163,3 @@ def build_model(
     model.train()
     return model
 
-
-# ---------------------------------------------------------------- sharding plan

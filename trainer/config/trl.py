@@ -240,8 +240,3 @@ def global_batch(values: Mapping[str, Any], hf: Mapping[str, Any]) -> int | None
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (micro, workers, gas)):
         return None
     return micro * gas * workers
-
-
-def warmup_steps_for(warmup_steps: int, warmup_ratio: float, total: int) -> int:
-    """transformers' rule: explicit steps, else ceil(ratio x total steps)."""
-    return warmup_steps if warmup_steps else math.ceil(total * warmup_ratio)

@@ -87,26 +87,6 @@ def format_estimate(estimate: dict[str, dict[str, float]], *, nodes: int, gpus_p
             f"per collective; using {chosen}")
 
 
-def shard_model(model: nn.Module, mp_policy, mesh=None) -> nn.Module:
-    """fully_shard each decoder layer, the embedding/norm/lm_head group, then the root (everything else)."""
-    from torch.distributed.fsdp import fully_shard
-
-    from trainer.model import model_parts
-
-    parts = model_parts(model)
-    for i, layer in enumerate(parts.layers):
-        # The last layer is needed again right away by backward: keep it gathered.
-        fully_shard(layer, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=i < len(parts.layers) - 1)
-    tail = [m for m in (parts.norm, parts.head) if m is not None]
-    if parts.tied:
-        fully_shard([parts.embed, *tail], mesh=mesh, mp_policy=mp_policy)
-    else:
-        fully_shard(parts.embed, mesh=mesh, mp_policy=mp_policy)
-        fully_shard(tail, mesh=mesh, mp_policy=mp_policy)
-    fully_shard(model, mesh=mesh, mp_policy=mp_policy)
-    return model
-
-
 @dataclass(frozen=True)
 class ShardingPlan:
     """How the ranks shard the model: mesh shape and why."""

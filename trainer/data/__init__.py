@@ -1,0 +1,1 @@
+"""Training data: where records come from (sources), TRL's formats and loss masks (formats), packing into rows (packing)."""
