@@ -5,8 +5,26 @@ import ipaddress
 from typing import Any, Mapping, Sequence
 
 from policy.model import (
-    ALL_PROTOCOLS, EKS_CLUSTER, EKS_COMPONENT_CLUSTER, LAUNCH_TEMPLATE, SECURITY_GROUP, SG_RULE, UNKNOWN, VPC_EGRESS,
-    VPC_INGRESS, Findings, Resource, Violation, equals, get, is_ref, elements, refers, resolve, truthy, all_of,
+    ALL_PROTOCOLS,
+    EKS_CLUSTER,
+    EKS_COMPONENT_CLUSTER,
+    LAUNCH_TEMPLATE,
+    SECURITY_GROUP,
+    SG_RULE,
+    UNKNOWN,
+    VPC_EGRESS,
+    VPC_INGRESS,
+    Findings,
+    Resource,
+    Violation,
+    all_of,
+    elements,
+    equals,
+    get,
+    is_ref,
+    refers,
+    resolve,
+    truthy,
 )
 
 

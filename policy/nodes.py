@@ -6,8 +6,20 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from facts import catalog
 from policy.model import (
-    EKS_MANAGED_NODE_GROUP, INSTANCE, LAUNCH_TEMPLATE, NODE_GROUP, SUBNET, UNKNOWN, Findings, Resource, Violation,
-    get, elements, as_number, resolve, truthy,
+    EKS_MANAGED_NODE_GROUP,
+    INSTANCE,
+    LAUNCH_TEMPLATE,
+    NODE_GROUP,
+    SUBNET,
+    UNKNOWN,
+    Findings,
+    Resource,
+    Violation,
+    as_number,
+    elements,
+    get,
+    resolve,
+    truthy,
 )
 
 

@@ -18,8 +18,8 @@ from pulumi_policy import (
     ResourceValidationPolicy,
     StackValidationArgs,
     StackValidationPolicy,
+    proxy,
 )
-from pulumi_policy import proxy
 
 from policy import model, rules
 

@@ -6,7 +6,6 @@ from typing import Any, Iterable, Mapping
 from facts import images
 from policy.model import HELM_RELEASE, UNKNOWN, Findings, elements, get
 
-
 CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
 
 

@@ -6,10 +6,20 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from facts import ray as ray_facts
 from policy.model import (
-    HELM_RELEASE, INGRESS_TYPES, NETWORK_POLICY, RAY_CLUSTER_SPECS, SERVICE, UNKNOWN, Findings, Resource, Violation,
-    get, elements, as_number, truthy,
+    HELM_RELEASE,
+    INGRESS_TYPES,
+    NETWORK_POLICY,
+    RAY_CLUSTER_SPECS,
+    SERVICE,
+    UNKNOWN,
+    Findings,
+    Resource,
+    Violation,
+    as_number,
+    elements,
+    get,
+    truthy,
 )
-
 
 EXPOSED_SERVICE_TYPES = ("LoadBalancer", "NodePort")
 # GCS, dashboard + Jobs API, Ray client (the head's ports), and Serve.

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from policy.model import PolicyConfigError
-from policy.network import eks_endpoint_restricted, efa_security_group_self_rules
+from policy.network import efa_security_group_self_rules, eks_endpoint_restricted
 from policy.nodes import imdsv2_required, max_gpu_nodes, no_public_ip_on_nodes, nodes_in_private_subnets
 from policy.pinning import images_by_digest
 from policy.ray import ray_namespace_default_deny, ray_not_exposed, ray_pods_least_privileged

@@ -9,7 +9,7 @@ import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from trainer import nccl_bench
+from trainer.efa import nccl_bench
 
 
 def test_message_sizes_span_8_bytes_to_1_gib():

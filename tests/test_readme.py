@@ -8,7 +8,7 @@ import pytest
 
 from deploy.config import markdown_tables
 from facts.errors import markdown_table as exit_codes_table
-from trainer.config import markdown_table as trainer_flags_table
+from trainer.config.flags import markdown_table as trainer_flags_table
 
 REPO = Path(__file__).resolve().parent.parent
 README = (REPO / "README.md").read_text()

@@ -22,9 +22,9 @@ class Command:
 
 
 COMMANDS: dict[str, Command] = {
-    "local": Command("trainer.local", "main", "fine-tune a tiny model on a local CPU Ray cluster (start here)"),
-    "data": Command("trainer.datacheck", "main", "validate a dataset as the job will: counts and rendered examples"),
-    "train": Command("trainer.launch", "main", "run a training job on a running Ray cluster"),
+    "local": Command("trainer.jobs.local", "main", "fine-tune a tiny model on a local CPU Ray cluster (start here)"),
+    "data": Command("trainer.jobs.datacheck", "main", "validate a dataset as the job will: counts and rendered examples"),
+    "train": Command("trainer.jobs.launch", "main", "run a training job on a running Ray cluster"),
     "submit": Command("trainer.submit.cli", "main", "submit a run to a Ray cluster as a Ray job and follow it"),
     "status": Command("trainer.submit.cli", "status_main", "show a submitted run's status"),
     "logs": Command("trainer.submit.cli", "logs_main", "stream a submitted run's logs"),
@@ -33,8 +33,8 @@ COMMANDS: dict[str, Command] = {
     "nccl-bench": Command("trainer.submit.cli", "bench_main", "all-reduce bandwidth across every worker, as a Ray job"),
     "bench": Command("trainer.bench", "main", "throughput benchmarks: the step against transformers' Trainer, "
                                               "padding, communication, Ray against torchrun"),
-    "flags": Command("trainer.config", "main", "print the README's table of training flags"),
-    "nccl-bench-job": Command("trainer.nccl_bench", "main", "the nccl-bench job on the cluster", listed=False),
+    "flags": Command("trainer.config.flags", "main", "print the README's table of training flags"),
+    "nccl-bench-job": Command("trainer.efa.nccl_bench", "main", "the nccl-bench job on the cluster", listed=False),
 }
 
 

@@ -5,8 +5,8 @@ import dataclasses
 
 import pytest
 
-from facts import catalog
 from deploy.config import DEFAULT_DLC_IMAGE, ConfigError, load
+from facts import catalog
 
 GOOD = {"aws:region": "us-east-1", "raytrain-eks:apiAccessCidrs": ["203.0.113.10/32"]}
 

@@ -10,9 +10,9 @@ import pytest
 from deploy import offline, program
 from deploy.config import ConfigError, load
 from infra import cost
-from tests.stacks import read_stack_file
 from policy import model, rules
 from tests.examples import readme_stack
+from tests.stacks import read_stack_file
 
 REPO = Path(__file__).resolve().parents[2]
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"

@@ -5,6 +5,7 @@ import pytest
 
 from facts import catalog
 
+
 @pytest.mark.parametrize("name", sorted(catalog.GPU_TYPES))
 def test_every_gpu_row_is_complete(name):
     """A row added to the catalog is checked here without touching this file."""

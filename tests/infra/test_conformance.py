@@ -14,8 +14,8 @@ import re
 import botocore.session
 import pytest
 
-from facts import catalog
 from deploy import offline
+from facts import catalog
 from infra import aws_rules
 from tests.stacks import read_stack_file
 

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 import pytest
 import yaml
 
-from facts import catalog, nodes
 from deploy import offline, plan, program
-from infra import autoscaling, iam, node_pools
 from deploy.config import CLUSTER_AUTOSCALER_IMAGE_TAGS, SUPPORTED_KUBERNETES_VERSIONS, load
+from facts import catalog, nodes
+from infra import autoscaling, iam, node_pools
 from infra.cost import hourly_cost, parts
 from workloads import charts, raycluster
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from deploy import offline
-from tests.stacks import read_stack_file
 from policy import model, rules
+from tests.stacks import read_stack_file
 
 REPO = Path(__file__).resolve().parents[2]
 STACKS = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in REPO.glob("Pulumi.*.yaml"))

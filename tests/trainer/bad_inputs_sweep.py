@@ -83,8 +83,8 @@ def chat(user: str = "hi", assistant: str = "yo") -> dict:
 def started_run(extra: tuple[str, ...] = (), data_edit: Callable[[Path], None] | None = None):
     """A run folder as a run leaves it: run.json with the inputs it started with, and a checkpoint."""
     def setup(sweep: Sweep, d: Path) -> None:
-        from trainer import launch
-        from trainer.config import parse
+        from trainer.config.load import parse
+        from trainer.jobs import launch
 
         shutil.copy(sweep.data, d / "train.jsonl")
         argv = [*sweep.base(d / "run"), "--dataset", str(d / "train.jsonl")]

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from trainer import checkpoint as ckpt
-from trainer.config import TrainConfig, flag
-from trainer.export import EXPORT_DIR
+from trainer.config.flags import TrainConfig, flag
+from trainer.run_folder import checkpoint as ckpt
+from trainer.run_folder.export import EXPORT_DIR
 from trainer.storage import Storage
 
 STEPS = 24
@@ -60,7 +60,7 @@ def reference_run(assets: dict, cache: Path) -> Path:
     """The uninterrupted run (local storage), trained once per session on the connected Ray cluster."""
     key = str(assets["model"])
     if key not in _reference:
-        from trainer import launch
+        from trainer.jobs import launch
 
         root = Path(tempfile.mkdtemp(prefix="ft-reference-", dir=assets["root"]))
         cfg = config(assets, cache, str(root), "reference")

@@ -24,9 +24,9 @@ import torch
 import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 
-from trainer.parallel import ONE_PROCESS
-from trainer.model import build_model, check_architecture
-from trainer.step import IGNORE_INDEX, loss_path, train_step
+from trainer.loop.parallel import ONE_PROCESS
+from trainer.loop.step import IGNORE_INDEX, loss_path, train_step
+from trainer.model.build import build_model, check_architecture
 
 from .architectures import CASES, NAMES, SCALED, VOCAB, config, write_model
 from .conftest import free_port
@@ -115,7 +115,7 @@ def test_the_first_step_loss_and_gradient_norm_are_transformers_own(process_grou
 
 def test_the_loss_check_leaves_every_parameter_sharded(process_group, arch_model):
     """It runs before the optimizer is built: FSDP2 must have put the sharded parameters back."""
-    from trainer.step import check_loss_path
+    from trainer.loop.step import check_loss_path
 
     model = build_model(arch_model("gemma2", True), device=CPU, use_gpu=False)
     assert check_loss_path(model, "chunked", CPU, collectives=ONE_PROCESS) == "chunked"
@@ -137,7 +137,7 @@ SHARDED = [("mixtral", False), ("qwen2_moe", False), ("gpt_neox", False), ("gemm
 def _shard_worker(rank: int, world: int, port: int, folders: list[str], out_dir: str) -> None:
     import torch.distributed as dist
 
-    from trainer import weights
+    from trainer.model import weights
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -195,9 +195,9 @@ def test_two_ranks_each_read_only_their_rows_and_build_the_from_pretrained_model
 def test_an_architecture_the_trainer_cannot_shard_is_refused_before_ray_starts(tmp_path, demo_assets, capsys):
     from transformers import OpenAIGPTConfig, T5Config
 
-    from trainer.config import ConfigError, TrainConfig
     from trainer.__main__ import main as trainer
-    from trainer.launch import preflight
+    from trainer.config.flags import ConfigError, TrainConfig
+    from trainer.jobs.launch import preflight
 
     gpt = tmp_path / "openai-gpt"
     OpenAIGPTConfig(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4).save_pretrained(gpt)
@@ -227,8 +227,8 @@ RAY_CASES = [("gemma2", True), ("mixtral", False)]
 
 @pytest.fixture(scope="module")
 def ray_runs(ray_cluster, trainer_cache, arch_model, demo_assets, tmp_path_factory):
-    from trainer import launch
-    from trainer.config import TrainConfig
+    from trainer.config.flags import TrainConfig
+    from trainer.jobs import launch
 
     root = tmp_path_factory.mktemp("arch-runs")
     runs = {}
@@ -248,7 +248,7 @@ def test_trains_and_exports_under_ray(ray_runs, arch_model, name, tied):
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
-    from trainer.metrics import read_metrics
+    from trainer.loop.metrics import read_metrics
 
     from .reference_runs import checkpoint_state
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer import launch
 from trainer.__main__ import main as trainer
+from trainer.jobs import launch
 
 
 @pytest.fixture(autouse=True)
@@ -160,7 +160,7 @@ def test_a_tokenizer_without_a_chat_template_is_caught_before_ray_starts_with_th
     assert "--chat-template" in err and "no chat template" in err and "pass one with --chat-template FILE" in err
     template = inputs["tmp"] / "chatml.jinja"
     template.write_text(demo.CHAT_TEMPLATE)
-    from trainer.config import parse
+    from trainer.config.load import parse
 
     fixed = launch.preflight(parse(argv + ["--chat-template", str(template)]))
     assert fixed["tokenizer"].chat_template == demo.CHAT_TEMPLATE  # the fix works
@@ -179,7 +179,7 @@ def _job_argv(inputs, out, *extra):
 
 def _started_run(inputs, out, *extra) -> dict:
     """A run folder as a run leaves it after its first checkpoint: run.json with the inputs it started with."""
-    from trainer.config import parse
+    from trainer.config.load import parse
 
     info = launch.preflight(parse(_job_argv(inputs, out, *extra)))
     (out / "checkpoint_00000002").mkdir(parents=True)
@@ -190,7 +190,7 @@ def _started_run(inputs, out, *extra) -> dict:
 def test_a_run_folder_resumes_only_with_the_inputs_it_was_started_with(inputs, capsys):
     import shutil
 
-    from trainer.config import parse
+    from trainer.config.load import parse
 
     out = inputs["tmp"] / "runs" / "sweep"
     _started_run(inputs, out)
@@ -238,7 +238,7 @@ def test_an_address_nobody_answers_is_an_error_within_seconds(inputs, capsys):
 
 
 def test_records_too_long_are_counted_and_reported_with_the_options(inputs, capsys):
-    from trainer.config import parse
+    from trainer.config.load import parse
 
     rows = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a " * n}]}
             for n in (3, 200, 5, 120)] * 4
@@ -258,7 +258,7 @@ def test_records_too_long_are_counted_and_reported_with_the_options(inputs, caps
 
 
 def test_hub_downloads_fetch_the_weights_the_trainer_reads():
-    from trainer.sources import hub_weight_files
+    from trainer.model.sources import hub_weight_files
 
     bin_only = ["config.json", "pytorch_model-00001-of-00002.bin", "pytorch_model-00002-of-00002.bin",
                 "pytorch_model.bin.index.json", "tokenizer.json", "flax_model.msgpack", "tf_model.h5"]
@@ -292,9 +292,9 @@ def test_every_cli_turns_a_bad_input_into_one_error_line_never_a_traceback(comma
 
 
 def test_the_job_records_what_packing_cut_or_dropped_in_its_event_log(process_group, inputs, tmp_path, caplog):
-    from trainer.config import TrainConfig
-    from trainer.loop import run
-    from trainer.parallel import setup_parallel
+    from trainer.config.flags import TrainConfig
+    from trainer.loop.parallel import setup_parallel
+    from trainer.loop.run import run
     from trainer.storage import Storage
 
     rows = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a " * n}]}
@@ -313,7 +313,7 @@ def test_the_job_records_what_packing_cut_or_dropped_in_its_event_log(process_gr
 
 
 def test_the_cluster_ceiling_is_the_autoscalers_maximum_else_what_the_cluster_has():
-    from trainer.cluster import capacity_problem
+    from trainer.jobs.cluster import capacity_problem
 
     need = {"GPU": 16.0}
     static = capacity_problem(need, {"CPU": 96.0, "GPU": 8.0}, None, num_workers=16)

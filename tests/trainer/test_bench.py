@@ -144,7 +144,7 @@ def test_harness_runs_the_same_training_under_ray_and_torchrun(ray_cluster, trai
 
 def test_throughput_of_any_architecture_from_its_config_folder_or_file(tmp_path, capsys):
     """A Mixtral folder (config only) and a Gemma 2 config.json: the real shape in the FLOPs, MoE aux loss and all."""
-    from trainer import flops
+    from trainer.model import flops
 
     from .architectures import config
 

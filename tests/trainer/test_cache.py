@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trainer import cache
-from trainer.config import TrainConfig
+from trainer.config.flags import TrainConfig
 
 
 def test_a_download_cut_short_is_never_read_and_is_done_again(tmp_path):

@@ -9,18 +9,15 @@ import numpy as np
 import pytest
 import torch
 
-from trainer import checkpoint as ckpt
-from trainer.parallel import ONE_PROCESS
-from trainer.data import prepare
-from trainer.export import save_safetensors
-from trainer.model import build_model
-from trainer.sources import load_tokenizer
-from trainer.optim import build_optimizer, build_scheduler
-from trainer.step import train_step
+from trainer.data.packing import prepare
+from trainer.loop.optim import build_optimizer, build_scheduler
+from trainer.loop.parallel import ONE_PROCESS
+from trainer.loop.step import train_step
+from trainer.model.build import build_model
+from trainer.model.sources import load_tokenizer
+from trainer.run_folder import checkpoint as ckpt
+from trainer.run_folder.export import save_safetensors
 from trainer.storage import Storage
-
-
-
 
 
 def test_storage_round_trips_files_and_lists_folders(tmp_path):

@@ -38,7 +38,7 @@ def test_dispatcher_imports_nothing_heavy():
 
 
 def test_step_model_and_flops_import_neither_ray_nor_datasets():
-    code = ("import sys, trainer.step, trainer.model, trainer.flops; "
+    code = ("import sys, trainer.loop.step, trainer.model.build, trainer.model.flops; "
             "print(sorted(m for m in ('ray', 'datasets') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.config import ConfigError, TrainConfig, parse, split_out, validate
+from trainer.config.flags import ConfigError, TrainConfig, validate
+from trainer.config.load import parse, split_out
 
 BASE = ["--model", "m", "--dataset", "d.jsonl"]
 
@@ -283,8 +284,8 @@ def test_every_declared_trl_key_is_a_real_trl_field_and_sets_its_flag(tmp_path):
     (`trl sft` reads ScriptArguments, SFTConfig and ModelConfig; max_seq_length is SFTConfig's old name)."""
     import dataclasses
 
-    from trainer.config import EXTRA_ARGUMENTS, FLAGS
-    from trainer.hf_args import CONVERTED, RENAMES
+    from trainer.config.flags import EXTRA_ARGUMENTS, FLAGS
+    from trainer.config.trl import CONVERTED, RENAMES
 
     trl = pytest.importorskip("trl")
     upstream = {f.name for c in (trl.SFTConfig, trl.ModelConfig, trl.ScriptArguments) for f in dataclasses.fields(c)}
@@ -313,7 +314,7 @@ def test_names_from_elsewhere_get_a_did_you_mean_from_the_declarations(tmp_path)
 
 
 def test_every_declared_flag_is_a_command_line_flag_with_its_help_and_default(capsys):
-    from trainer.config import FLAGS, flag
+    from trainer.config.flags import FLAGS, flag
 
     with pytest.raises(SystemExit):
         parse(["--help"])

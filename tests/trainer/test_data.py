@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from trainer import demo
-from trainer.data import IGNORE_INDEX, DataError, PackedData, best_fit_rows, check_records, load_records, pack, prepare
-from trainer.formats import to_example
+from trainer.data.formats import to_example
+from trainer.data.packing import IGNORE_INDEX, DataError, PackedData, best_fit_rows, check_records, load_records, pack, prepare
 
 from .test_packing import tokenize_messages
 

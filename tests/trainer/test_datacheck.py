@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 from trainer import demo
-from trainer.data import DataSpec, prepare
-from trainer.sources import load_tokenizer
 from trainer.__main__ import main as trainer
+from trainer.data.packing import DataSpec, prepare
+from trainer.model.sources import load_tokenizer
 
 
 def test_counts_match_what_the_job_packs_and_examples_mark_the_trained_tokens(demo_assets, tmp_path, capsys):

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from trainer import demo
-from trainer.sources import load_tokenizer
+from trainer.model.sources import load_tokenizer
 
 TEXT = "<|im_start|>user\nsort: ab cd<|im_end|>\n<|im_start|>assistant\nAB xuserq<|im_end|>\n"
 

@@ -12,7 +12,7 @@ import shutil
 import pytest
 import torch
 
-from trainer.step import StepHealth, StepOutput, TrainingDiverged
+from trainer.loop.step import StepHealth, StepOutput, TrainingDiverged
 
 
 def _broken_copy(demo_assets, folder, how: str):
@@ -29,9 +29,9 @@ def _broken_copy(demo_assets, folder, how: str):
 
 
 def _run(process_group_folder, demo_assets, tmp_path):
-    from trainer.config import TrainConfig
-    from trainer.loop import run
-    from trainer.parallel import setup_parallel
+    from trainer.config.flags import TrainConfig
+    from trainer.loop.parallel import setup_parallel
+    from trainer.loop.run import run
     from trainer.storage import Storage
 
     cfg = TrainConfig(model=str(process_group_folder), dataset=str(demo_assets["train"]), seq_len=128,

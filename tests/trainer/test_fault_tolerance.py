@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer import checkpoint as ckpt
-from trainer import launch
-from trainer.model import build_model
-from trainer.optim import build_optimizer, build_scheduler
+from trainer.jobs import launch
+from trainer.loop.optim import build_optimizer, build_scheduler
+from trainer.model.build import build_model
+from trainer.run_folder import checkpoint as ckpt
 from trainer.storage import Storage
 
 from . import reference_runs as runs

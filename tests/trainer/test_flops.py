@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import Qwen2Config
 
-from trainer.flops import flops_per_token, matmul_params, mfu, model_shape, parameter_count, peak_flops_per_device
+from trainer.model.flops import flops_per_token, matmul_params, mfu, model_shape, parameter_count, peak_flops_per_device
 
 from .architectures import NAMES, config
 

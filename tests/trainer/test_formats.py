@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from trainer import demo
-from trainer.data import DataError
-from trainer.formats import Renderer, to_example
+from trainer.data.formats import Renderer, to_example
+from trainer.data.packing import DataError
 
 trl = pytest.importorskip("trl")
 QWEN_TRAINING = (Path(trl.__file__).parent / "chat_templates" / "qwen2_5_training.jinja").read_text()

@@ -9,8 +9,8 @@ import dataclasses
 import pytest
 import torch
 
-from trainer import parallel
-from trainer.parallel import ONE_PROCESS, plan_sharding
+from trainer.loop import parallel
+from trainer.loop.parallel import ONE_PROCESS, plan_sharding
 
 from .conftest import free_port
 
@@ -80,7 +80,8 @@ def test_an_unknown_instance_type_is_named_with_the_known_ones():
 def test_ranks_sharing_a_host_split_its_memory_for_the_automatic_micro_batch(monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    from trainer import demo, memory
+    from trainer import demo
+    from trainer.loop import memory
 
     model = AutoModelForCausalLM.from_config(demo.model_config())
     opt = torch.optim.AdamW(model.parameters())
@@ -116,11 +117,11 @@ def _reference_losses(cfg) -> list[float]:
     """The same run on one process (world size 1): the losses any sharding must reproduce."""
     import torch.distributed as dist
 
-    from trainer.data import prepare
-    from trainer.model import build_model
-    from trainer.sources import load_tokenizer
-    from trainer.optim import build_optimizer, build_scheduler
-    from trainer.step import train_step
+    from trainer.data.packing import prepare
+    from trainer.loop.optim import build_optimizer, build_scheduler
+    from trainer.loop.step import train_step
+    from trainer.model.build import build_model
+    from trainer.model.sources import load_tokenizer
 
     # The address goes in init_method, not MASTER_PORT: a port left in os.environ is inherited by later
     # subprocesses, long after it was freed and reused.
@@ -147,8 +148,8 @@ def _reference_losses(cfg) -> list[float]:
 def test_hybrid_2x2_mesh_on_4_ray_workers_trains_like_one_process(ray_cluster, trainer_cache, tmp_path):
     import torch.distributed.checkpoint as dcp
 
-    from trainer import launch, local
-    from trainer.metrics import read_metrics
+    from trainer.jobs import launch, local
+    from trainer.loop.metrics import read_metrics
 
     out = tmp_path / "hybrid"
     local.prepare_assets(out, seed=0)
@@ -170,7 +171,7 @@ def test_hybrid_2x2_mesh_on_4_ray_workers_trains_like_one_process(ray_cluster, t
 
 
 def test_the_two_sequence_probe_runs_only_when_it_is_safe_on_every_rank():
-    from trainer.memory import measure_row_memory
+    from trainer.loop.memory import measure_row_memory
 
     calls = []
 
@@ -189,7 +190,8 @@ def test_the_two_sequence_probe_runs_only_when_it_is_safe_on_every_rank():
 def test_running_out_of_gpu_memory_in_the_probe_names_the_fixes(monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    from trainer import demo, memory
+    from trainer import demo
+    from trainer.loop import memory
 
     model = AutoModelForCausalLM.from_config(demo.model_config())
     opt = torch.optim.AdamW(model.parameters())

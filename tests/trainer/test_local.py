@@ -8,9 +8,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from trainer import local
-from trainer.metrics import read_metrics
 from trainer.__main__ import main as trainer
+from trainer.jobs import local
+from trainer.loop.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,9 +11,9 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from trainer.parallel import ONE_PROCESS
-from trainer.losses import chunk_rows_for, chunked_linear_cross_entropy, linear_cross_entropy_sum
-from trainer.step import IGNORE_INDEX, loss_index, resolve_loss, token_loss_sum, train_step
+from trainer.loop.parallel import ONE_PROCESS
+from trainer.loop.step import IGNORE_INDEX, loss_index, resolve_loss, token_loss_sum, train_step
+from trainer.model.losses import chunk_rows_for, chunked_linear_cross_entropy, linear_cross_entropy_sum
 
 from .conftest import free_port
 
@@ -137,7 +137,7 @@ def test_token_loss_sum_matches_plain_on_the_model_and_restores_the_head(demo_as
 def _fsdp_worker(rank: int, world: int, port: int, model_dir: str, out_dir: str) -> None:
     import torch.distributed as dist
 
-    from trainer.model import build_model
+    from trainer.model.build import build_model
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -184,7 +184,7 @@ def test_chunked_equals_plain_under_fsdp2_with_the_tied_head_sharded(demo_assets
 # ---------------------------------------------------------------- what the model does after its head
 
 def _transformed_plain(scale, softcap):
-    from trainer.losses import transformed_logits
+    from trainer.model.losses import transformed_logits
 
     return lambda h, w, y: F.cross_entropy(transformed_logits(F.linear(h, w), scale, softcap), y,
                                            ignore_index=IGNORE_INDEX, reduction="sum")
@@ -222,7 +222,7 @@ def test_a_model_that_changes_its_logits_in_an_unknown_way_gets_the_plain_loss(c
     """The chunked loss cannot know this transform: the check sees the mismatch and falls back."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from trainer.step import check_loss_path, head_transform
+    from trainer.loop.step import check_loss_path, head_transform
 
     class ShiftedLogits(LlamaForCausalLM):
         def forward(self, *args, **kwargs):

@@ -8,8 +8,8 @@ import time
 import pytest
 import torch
 
-from trainer.metrics import IntervalTracker, MetricsWriter, ProgressBar, read_metrics
-from trainer.step import StepOutput
+from trainer.loop.metrics import IntervalTracker, MetricsWriter, ProgressBar, read_metrics
+from trainer.loop.step import StepOutput
 
 
 def _out(loss: float, tokens: int) -> StepOutput:
@@ -130,8 +130,8 @@ def test_mlflow_file_store_holds_every_logged_step_and_a_resumed_run_continues_i
 
 
 def test_report_to_names_are_validated_and_missing_packages_found():
-    from trainer.config import ConfigError, TrainConfig, validate
-    from trainer.metrics import missing_backends
+    from trainer.config.flags import ConfigError, TrainConfig, validate
+    from trainer.loop.metrics import missing_backends
 
     assert TrainConfig(report_to="tensorboard, wandb").reporters == ("tensorboard", "wandb")
     assert TrainConfig(report_to="none").reporters == ()
@@ -141,7 +141,7 @@ def test_report_to_names_are_validated_and_missing_packages_found():
 
 
 def test_ray_report_budget_reports_only_when_cheap():
-    from trainer.metrics import RayReportBudget
+    from trainer.loop.metrics import RayReportBudget
 
     budget = RayReportBudget(share=0.05)
     assert budget.wanted()  # the cost is unknown until measured

@@ -8,15 +8,13 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
-from trainer.data import prepare
-from trainer.model import build_model
-from trainer.optim import build_optimizer, lr_factor
-from trainer.parallel import ONE_PROCESS
-from trainer.sources import ModelSourceError, describe_source, load_tokenizer, resolve_model_path, tokenizer_only
-from trainer.step import train_step
-
-
-
+from trainer.data.packing import prepare
+from trainer.loop.optim import build_optimizer, lr_factor
+from trainer.loop.parallel import ONE_PROCESS
+from trainer.loop.step import train_step
+from trainer.model.build import build_model
+from trainer.model.errors import ModelSourceError
+from trainer.model.sources import describe_source, load_tokenizer, resolve_model_path, tokenizer_only
 
 
 def test_sharded_model_loads_the_checkpoint_weights_exactly(process_group, demo_assets):
@@ -55,10 +53,10 @@ def test_activation_checkpointing_changes_memory_not_numbers(process_group, demo
 
 def test_memory_forces_activation_checkpointing_only_when_one_sequence_does_not_fit(process_group, demo_assets,
                                                                                    tmp_path, monkeypatch):
-    from trainer import memory
-    from trainer.config import TrainConfig
-    from trainer.memory import resolve_micro_batch
-    from trainer.parallel import WorkerEnv
+    from trainer.config.flags import TrainConfig
+    from trainer.loop import memory
+    from trainer.loop.memory import resolve_micro_batch
+    from trainer.loop.parallel import WorkerEnv
 
     cpu = torch.device("cpu")
     data = prepare(str(demo_assets["train"]), "train", load_tokenizer(demo_assets["model"]), 128, tmp_path / "cache")
@@ -92,7 +90,7 @@ def test_memory_forces_activation_checkpointing_only_when_one_sequence_does_not_
 
 
 def test_a_folder_without_weights_is_refused_unless_random_init_is_asked_for(process_group, demo_assets, tmp_path):
-    from trainer.sources import ModelSourceError
+    from trainer.model.errors import ModelSourceError
 
     folder = tmp_path / "config-only"
     folder.mkdir()

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from trainer import demo
-from trainer.data import pack
-from trainer.formats import Example, Renderer, to_example
-from trainer.step import IGNORE_INDEX, token_loss_sum
+from trainer.data.formats import Example, Renderer, to_example
+from trainer.data.packing import pack
+from trainer.loop.step import IGNORE_INDEX, token_loss_sum
 
 
 def tokenize_messages(tokenizer, messages: list[dict]) -> tuple[list[int], list[bool]]:

@@ -6,10 +6,10 @@ import json
 
 from ray.train import PreemptionInfo
 
-from trainer import checkpoint as ckpt
-from trainer.config import TrainConfig
-from trainer.loop import run
-from trainer.parallel import setup_parallel
+from trainer.config.flags import TrainConfig
+from trainer.loop.parallel import setup_parallel
+from trainer.loop.run import run
+from trainer.run_folder import checkpoint as ckpt
 from trainer.storage import Storage
 
 

@@ -6,8 +6,8 @@ import json
 
 import torch
 
-from trainer import record
-from trainer.config import TrainConfig
+from trainer.config.flags import TrainConfig
+from trainer.run_folder import record
 from trainer.storage import Storage
 
 META = {"source": "HuggingFaceH4/ultrachat_200k", "config": None, "split": "train_sft", "train_on": "completion",

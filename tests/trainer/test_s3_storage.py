@@ -17,15 +17,15 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from trainer import checkpoint as ckpt
-from trainer import launch
-from trainer.parallel import ONE_PROCESS
-from trainer.data import prepare
-from trainer.export import EXPORT_DIR
-from trainer.model import build_model
-from trainer.optim import build_optimizer, build_scheduler
-from trainer.sources import load_tokenizer
-from trainer.step import train_step
+from trainer.data.packing import prepare
+from trainer.jobs import launch
+from trainer.loop.optim import build_optimizer, build_scheduler
+from trainer.loop.parallel import ONE_PROCESS
+from trainer.loop.step import train_step
+from trainer.model.build import build_model
+from trainer.model.sources import load_tokenizer
+from trainer.run_folder import checkpoint as ckpt
+from trainer.run_folder.export import EXPORT_DIR
 from trainer.storage import Storage
 
 from . import reference_runs as runs
@@ -235,7 +235,8 @@ def test_a_run_on_s3_fails_loudly_on_a_storage_error_and_resumes_from_the_last_c
 
 
 def test_the_preflight_reads_s3_weight_headers_and_asks_the_bucket_without_writing(s3, demo_assets):
-    from trainer.sources import ModelSourceError, check_weights
+    from trainer.model.errors import ModelSourceError
+    from trainer.model.sources import check_weights
     from trainer.storage import location_problem
 
     s3.faults.clear()
@@ -257,7 +258,7 @@ def test_the_preflight_reads_s3_weight_headers_and_asks_the_bucket_without_writi
 def test_the_preflight_tokenizer_of_an_s3_model_fetches_its_tokenizer_files_and_no_weights(s3, demo_assets):
     from pathlib import Path
 
-    from trainer.sources import tokenizer_only
+    from trainer.model.sources import tokenizer_only
 
     s3.faults.clear()
     fs = s3.filesystem()

@@ -16,8 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from trainer import demo
-from trainer.data import DataError, DataSpec, load_records, prepare
-from trainer.sources import fingerprint, resolve
+from trainer.data.packing import DataError, DataSpec, load_records, prepare
+from trainer.data.sources import fingerprint, resolve
 
 from .test_s3_storage import BUCKET, s3  # noqa: F401 - the moto S3 server fixture
 

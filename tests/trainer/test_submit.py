@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.metrics import read_metrics
+from trainer.loop.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = ["--steps", "4", "--global-batch-size", "8", "--micro-batch-size", "2", "--seq-len", "128",
@@ -65,7 +65,7 @@ def succeeded(ray_cluster, job_args, tmp_path_factory):
 def test_the_job_stores_where_the_raycluster_head_says():
     """The head's env of the real RayCluster manifest is what the job's driver reads its default storage from."""
     from tests.workloads.test_raycluster import CHECKPOINTS, build, env_of, head_of
-    from trainer import launch
+    from trainer.jobs import launch
 
     _, _, head = head_of(build())
     assert launch.storage_default(env_of(head)) == {"storage_path": CHECKPOINTS}
@@ -329,7 +329,7 @@ def test_every_refusal_removes_the_stacks_kubeconfig(fake_tools, argv, error):
 def test_submit_with_a_stack_trains_on_every_gpu_of_the_stack_unless_flags_say_otherwise():
     import argparse
 
-    from trainer.config import from_args
+    from trainer.config.load import from_args
     from trainer.submit.target import stack_defaults
 
     outputs = {"gpuNodeType": "g6.12xlarge", "gpuNodeCount": 2, "checkpointBucketUri": "s3://ckpt/runs"}
@@ -391,7 +391,8 @@ def test_a_gpu_jobs_nccl_debug_file_directory_exists_in_every_worker_before_nccl
     """
     from ray.job_submission import JobStatus, JobSubmissionClient
 
-    from trainer import config, efa
+    from trainer import efa
+    from trainer.config import load as config
     from trainer.submit import job as submit
 
     ray_tmp = tmp_path / "ray"  # what the pod's empty /tmp/ray volume is at start
@@ -420,7 +421,7 @@ def test_a_gpu_jobs_nccl_debug_file_directory_exists_in_every_worker_before_nccl
 
 
 def test_lowering_nccl_debug_needs_the_efa_check_off():
-    from trainer import config
+    from trainer.config import load as config
     from trainer.submit import job as submit
 
     cfg = config.parse(["--model", "m", "--dataset", "d.jsonl", "--device", "gpu"])

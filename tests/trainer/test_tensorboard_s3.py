@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 
-from trainer.metrics import MetricsWriter
+from trainer.loop.metrics import MetricsWriter
 from trainer.storage import Storage
 
 from .test_s3_storage import BUCKET, KEY, REGION, SECRET, s3  # noqa: F401 - the moto S3 server fixture

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer import checkpoint as ckpt
-from trainer import demo, launch, local
-from trainer.metrics import read_metrics
+from trainer import demo
+from trainer.jobs import launch, local
+from trainer.loop.metrics import read_metrics
+from trainer.run_folder import checkpoint as ckpt
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 10

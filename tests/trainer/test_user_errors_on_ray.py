@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainer import launch
+from trainer.jobs import launch
 
 from . import reference_runs as runs
 
@@ -79,6 +79,6 @@ def test_a_finished_run_pointed_at_new_data_or_settings_is_refused_listing_what_
         for needle in [*needles, "--resume-anyway", "another --run-name"]:
             assert needle in proc.stderr, (needle, proc.stderr[-3000:])
     # what the run was started with passes the check (the run itself is complete: nothing to train)
-    from trainer.config import parse
+    from trainer.config.load import parse
 
     assert launch.preflight(parse(runs.cli_flags(cfg) + ["--log-every", "1", "--max-failures", "5"]))["notes"] == []

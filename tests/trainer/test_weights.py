@@ -9,8 +9,8 @@ import shutil
 import pytest
 import torch
 
-from trainer.model import build_model
-from trainer.sources import ModelSourceError
+from trainer.model.build import build_model
+from trainer.model.errors import ModelSourceError
 
 from .architectures import write_model
 from .test_architectures import assert_same_tensors, every_tensor, reference

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from facts import nodes
 from deploy.config import ConfigError
+from facts import nodes
 from workloads import charts
 
 from .conftest import settings, stack_config

@@ -7,9 +7,9 @@ import math
 import jsonschema
 import pytest
 
+from deploy.config import ConfigError
 from facts import catalog, nodes
 from facts import ray as ray_facts
-from deploy.config import ConfigError
 from workloads import raycluster
 from workloads.raycluster import ManifestError
 
@@ -376,7 +376,7 @@ def test_the_nccl_debug_files_folder_is_its_own_volume_on_every_worker():
 
 
 def _gpu_job():
-    from trainer import config
+    from trainer.config import load as config
 
     return config.parse(["--model", "m", "--dataset", "d.jsonl", "--device", "gpu"])
 

@@ -9,8 +9,7 @@ import pytest
 import yaml
 from pulumi.runtime import rpc
 
-from deploy import offline
-from deploy import plan
+from deploy import offline, plan
 from infra.cost import hourly_cost
 from tests.stacks import read_stack_file
 from workloads import charts, image, raycluster

@@ -6,10 +6,10 @@ import argparse
 import sys
 from typing import Sequence
 
-from trainer import flops as flops_lib
-from trainer import parallel
 from trainer.bench.setups import emit
 from trainer.bench.shapes import BenchError, model_config
+from trainer.loop import parallel
+from trainer.model import flops as flops_lib
 
 
 def main(argv: Sequence[str]) -> int:

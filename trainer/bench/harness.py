@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from trainer.bench import WORKER
 from trainer.bench.setups import emit, free_port
-from trainer.config import TrainConfig
+from trainer.config.flags import TrainConfig
 
 
 def steady_tokens_per_s(metrics: list[dict], skip: int) -> float:
@@ -33,7 +33,7 @@ def steady_tokens_per_s(metrics: list[dict], skip: int) -> float:
 
 
 def _harness_config(out: Path, args: argparse.Namespace) -> TrainConfig:
-    from trainer import local
+    from trainer.jobs import local
 
     local.prepare_assets(out, seed=0)
     cfg = local.demo_config(["--num-workers", str(args.workers), "--steps", str(args.steps),
@@ -45,8 +45,8 @@ def _harness_config(out: Path, args: argparse.Namespace) -> TrainConfig:
 
 def worker_main(argv: Sequence[str]) -> int:
     """One torchrun rank: the loop's own setup and run, storage in a local folder."""
-    from trainer.loop import run
-    from trainer.parallel import setup_parallel
+    from trainer.loop.parallel import setup_parallel
+    from trainer.loop.run import run
     from trainer.storage import Storage
 
     cfg = TrainConfig.from_dict(json.loads(argv[0]))
@@ -73,7 +73,7 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--out", default=None, help="folder for both runs (default: a temporary one)")
     p.add_argument("--paths", default="ray,torchrun")
     args = p.parse_args(list(argv))
-    from trainer.metrics import read_metrics
+    from trainer.loop.metrics import read_metrics
 
     root = Path(args.out or tempfile.mkdtemp(prefix="harness-")).absolute()
     results = {}
@@ -84,7 +84,7 @@ def main(argv: Sequence[str]) -> int:
         if path == "ray":
             import ray
 
-            from trainer.launch import train
+            from trainer.jobs.launch import train
 
             started = not ray.is_initialized()
             if started:

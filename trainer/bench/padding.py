@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from trainer.bench.setups import device_name, emit, emit_error, on_gpu, run_hf_trainer, run_trainer, useful_rate
 from trainer.bench.shapes import BenchError, model_config
-from trainer.step import IGNORE_INDEX
+from trainer.loop.step import IGNORE_INDEX
 
 
 def instruction_lengths(n: int, seq_len: int, seed: int = 0) -> list[tuple[int, int]]:
@@ -73,7 +73,7 @@ def pad_to_longest(features: list[dict[str, torch.Tensor]]) -> dict[str, torch.T
 
 
 def main(argv: Sequence[str]) -> int:
-    from trainer.data import pack
+    from trainer.data.packing import pack
 
     gpu = on_gpu()
     p = argparse.ArgumentParser(prog="python -m trainer.bench padding",

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.bench.shapes import BenchError, write_config
-from trainer.step import IGNORE_INDEX
+from trainer.loop.step import IGNORE_INDEX
 
 
 def on_gpu() -> bool:
@@ -64,7 +64,7 @@ def reset_memory() -> None:
 
 
 def peak_memory_gib() -> tuple[float, str]:
-    from trainer.metrics import peak_memory_gb
+    from trainer.loop.metrics import peak_memory_gb
 
     return peak_memory_gb(bench_device()), "cuda_max_allocated" if on_gpu() else "host_max_rss_process"
 
@@ -94,11 +94,11 @@ def split_rows(batch: dict[str, torch.Tensor], size: int) -> list[dict[str, torc
 def run_trainer(steps_fn: Callable[[int], list[dict]], *, args, rows_per_step: int,
                 tokens_per_step: Callable[[list[dict]], int], attn: str | None = None) -> dict[str, Any]:
     """The trainer's model setup (random init of --model-shape) and step, timed after warm-up."""
-    from trainer.memory import choose_micro_batch
-    from trainer.model import build_model
-    from trainer.optim import build_optimizer
-    from trainer.parallel import ONE_PROCESS
-    from trainer.step import check_loss_path, resolve_loss, train_step
+    from trainer.loop.memory import choose_micro_batch
+    from trainer.loop.optim import build_optimizer
+    from trainer.loop.parallel import ONE_PROCESS
+    from trainer.loop.step import check_loss_path, resolve_loss, train_step
+    from trainer.model.build import build_model
 
     ensure_process_group()
     device = bench_device()
@@ -150,7 +150,7 @@ def useful_rate(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def liger_kernels() -> bool:
-    from trainer.model import liger_kernels_available
+    from trainer.model.build import liger_kernels_available
 
     return liger_kernels_available()
 

@@ -13,7 +13,6 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from trainer import flops as flops_lib
 from trainer.bench.setups import (
     RandomRows,
     device_name,
@@ -27,6 +26,7 @@ from trainer.bench.setups import (
     transformers_version,
 )
 from trainer.bench.shapes import SETUPS, SHAPES, BenchError, model_config
+from trainer.model import flops as flops_lib
 
 
 def _parser(prog: str = "python -m trainer.bench") -> argparse.ArgumentParser:

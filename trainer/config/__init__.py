@@ -1,1 +1,5 @@
-"""The training configuration: the declarations (flags), their TRL/transformers names (trl), where values come from (load)."""
+"""The training configuration.
+
+flags: every training flag declared once, as a field of the frozen TrainConfig; trl: the
+TRL/transformers YAML keys mapped onto it; load: defaults < YAML < command-line flags.
+"""

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import hashlib
 import json
 import math
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from facts.errors import Problems, ProblemsError
+from trainer.cache import default_dir
 
 AUTO = "auto"
 REPORT_TO = ("tensorboard", "wandb", "mlflow")
@@ -50,7 +50,7 @@ class Flag:
     help: str
     check: Check | None = None
     choices: tuple[str, ...] = ()
-    trl: tuple[str, ...] = ()          # TRL SFTConfig / TrainingArguments keys that set it (trainer.hf_args)
+    trl: tuple[str, ...] = ()          # TRL SFTConfig / TrainingArguments keys that set it (trainer.config.trl)
     aliases: tuple[str, ...] = ()      # names from elsewhere that mean it, for "did you mean"
     result: bool = True                # changes what the run computes: a resume must keep it
     shown_default: str | None = None   # the README's default where the value itself says too little
@@ -240,7 +240,7 @@ class TrainConfig:
 
     @property
     def micro_batch_auto(self) -> bool:
-        """`--micro-batch-size auto`: each worker picks the largest micro-batch that fits (trainer.memory)."""
+        """`--micro-batch-size auto`: each worker picks the largest micro-batch that fits (trainer.loop.memory)."""
         return self.micro_batch_size == AUTO
 
     def grad_accum_for(self, micro_batch: int) -> int:
@@ -279,8 +279,6 @@ class TrainConfig:
 
     @property
     def resolved_cache_dir(self) -> str:
-        from trainer.cache import default_dir
-
         return self.cache_dir or default_dir()
 
     @property

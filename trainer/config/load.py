@@ -18,8 +18,17 @@ import yaml
 
 from facts.errors import Problems
 from trainer.config import trl
-from trainer.config.flags import (EXTRA_ARGUMENTS, FLAGS, KINDS, ConfigError, TrainConfig, base_kind, flag,
-                                  micro_batch_value, validate)
+from trainer.config.flags import (
+    EXTRA_ARGUMENTS,
+    FLAGS,
+    KINDS,
+    ConfigError,
+    TrainConfig,
+    base_kind,
+    flag,
+    micro_batch_value,
+    validate,
+)
 
 
 def close_names() -> set[str]:

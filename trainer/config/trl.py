@@ -10,14 +10,13 @@ x workers, unless global_batch_size is given too (then the three must agree).
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any, Callable, Mapping
 
 from facts.errors import Problems
-from trainer.config import FLAGS, REPORT_TO
+from trainer.config.flags import FLAGS, REPORT_TO
 
 # keys read with their own rules below (units, precedence, lists); every other key a flag declares
-# under `trl=` (trainer.config) is a plain rename with the same meaning and unit
+# under `trl=` (trainer.config.flags) is a plain rename with the same meaning and unit
 CONVERTED = frozenset({"num_train_epochs", "max_steps", "warmup_steps", "warmup_ratio", "lr_scheduler_type",
                        "output_dir", "report_to", "gradient_accumulation_steps", "lr_scheduler_kwargs",
                        "completion_only_loss", "assistant_only_loss"})

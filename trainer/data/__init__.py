@@ -1,1 +1,5 @@
-"""Training data: where records come from (sources), TRL's formats and loss masks (formats), packing into rows (packing)."""
+"""The training data.
+
+sources: where records come from (hub, files, s3://, read through `datasets`); formats: TRL's
+record formats, chat rendering and loss masks; packing: documents packed into rows, cached.
+"""

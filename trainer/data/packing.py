@@ -1,7 +1,7 @@
 """Training data: records -> tokens with a loss mask -> packed rows, cached per node, sharded per rank.
 
-Pipeline: records (trainer.sources: hub, files, folders, save_to_disk, s3://, read by
-`datasets`) -> token ids and a trained mask (trainer.formats: TRL's formats, the chat
+Pipeline: records (trainer.model.sources: hub, files, folders, save_to_disk, s3://, read by
+`datasets`) -> token ids and a trained mask (trainer.data.formats: TRL's formats, the chat
 template, TRL's masks) -> documents packed into rows of seq_len tokens (best fit),
 position ids restarting at 0 for each document, labels pre-shifted and -100 everywhere
 except trained tokens. The packed rows are cached per node (keyed by data, tokenizer,
@@ -25,8 +25,9 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from trainer import cache, sources
-from trainer.formats import DataError, Example, Renderer, RecordError, to_example
+from trainer import cache
+from trainer.data import sources
+from trainer.data.formats import DataError, Example, RecordError, Renderer, to_example
 
 __all__ = ["DataError", "RecordError", "DataSpec", "PackedData", "prepare", "pack", "load_records", "check_records"]
 

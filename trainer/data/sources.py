@@ -15,6 +15,7 @@ Splits accept datasets' slicing syntax (`train[:1000]`).
 """
 
 from __future__ import annotations
+
 import hashlib
 import json
 import os
@@ -23,9 +24,11 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from facts.errors import UserError, first_line
+
+from facts.errors import first_line
 from trainer import cache
-from trainer.formats import DataError
+from trainer.data.formats import DataError
+from trainer.storage import Storage
 
 BUILDERS = {".jsonl": "json", ".json": "json", ".ndjson": "json", ".parquet": "parquet", ".csv": "csv",
             ".tsv": "csv", ".arrow": "arrow", ".txt": "text"}
@@ -95,8 +98,6 @@ def resolve(spec: str, *, config: str | None = None, split: str = "train", stora
 
 def _fetch_s3(uri: str, storage_fs: Any, cache_dir: Path) -> Path:
     """The object (or every object under the prefix) in the local cache, re-fetched when it changed."""
-    from trainer.storage import Storage
-
     parent, _, name = uri.rstrip("/").rpartition("/")
     store = Storage.from_uri(parent, fs=storage_fs)
     if not store.exists(name):

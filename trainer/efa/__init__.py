@@ -31,13 +31,34 @@ The package, one concern per module: `verdicts` (what a rank, a node, a report i
 (per-rank debug files, the setup hook, the gather across ranks), `cli` (`efa-check`).
 """
 
-from trainer.efa.in_job import (NCCL_LOG_DIR, REQUIRE_EFA_ENV, SETUP_HOOK, check_own_rank, debug_file_dir,
-                                expand_nccl_debug_file, gather_report, make_debug_file_dir, nccl_debug_env,
-                                nccl_debug_file_pattern, nccl_hostname, require_setting, why_absent)
+from trainer.efa.in_job import (
+                                NCCL_LOG_DIR,
+                                REQUIRE_EFA_ENV,
+                                SETUP_HOOK,
+                                check_own_rank,
+                                debug_file_dir,
+                                expand_nccl_debug_file,
+                                gather_report,
+                                make_debug_file_dir,
+                                nccl_debug_env,
+                                nccl_debug_file_pattern,
+                                nccl_hostname,
+                                require_setting,
+                                why_absent,
+)
 from trainer.efa.parse import LogFileError, analyze_lines, analyze_logs
 from trainer.efa.report import enforce_efa, exit_code, likely_causes, verdict_lines
-from trainer.efa.verdicts import (EfaCheckError, EfaEvidenceMissingError, EfaFallbackError, EfaReport, Evidence,
-                                  MissingLog, NodeVerdict, RankVerdict, Transport)
+from trainer.efa.verdicts import (
+                                EfaCheckError,
+                                EfaEvidenceMissingError,
+                                EfaFallbackError,
+                                EfaReport,
+                                Evidence,
+                                MissingLog,
+                                NodeVerdict,
+                                RankVerdict,
+                                Transport,
+)
 
 __all__ = [
     "Transport", "Evidence", "RankVerdict", "NodeVerdict", "EfaReport", "MissingLog", "EfaCheckError", "EfaFallbackError",

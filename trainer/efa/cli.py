@@ -10,7 +10,6 @@ from trainer.efa.parse import analyze_lines, analyze_logs
 from trainer.efa.report import exit_code, likely_causes, verdict_lines
 from trainer.efa.verdicts import Transport
 
-
 _HELP = """\
 Reads NCCL_DEBUG=INFO output (NCCL_DEBUG_FILE files, Ray worker logs, or directories of
 them such as /tmp/ray/session_latest/logs; `-` reads standard input, e.g. from `kubectl

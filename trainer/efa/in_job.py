@@ -14,7 +14,6 @@ from trainer.efa.parse import analyze_logs
 from trainer.efa.report import enforce_efa
 from trainer.efa.verdicts import EfaEvidenceMissingError, EfaReport, MissingLog
 
-
 # On the /tmp/ray volume of every Ray pod; the RayCluster mounts a volume exactly here as well.
 NCCL_LOG_DIR = ray_facts.NCCL_LOG_DIR
 

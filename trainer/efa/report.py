@@ -5,8 +5,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from facts.errors import EXIT_NO_PROOF, EXIT_OK, EXIT_SOCKETS
-from trainer.efa.verdicts import (EfaEvidenceMissingError, EfaFallbackError, EfaReport, Evidence, MissingLog,
-                                  RankVerdict, Transport)
+from trainer.efa.verdicts import (
+    EfaEvidenceMissingError,
+    EfaFallbackError,
+    EfaReport,
+    Evidence,
+    MissingLog,
+    RankVerdict,
+    Transport,
+)
 
 
 def _rank_span(ranks: Sequence[RankVerdict]) -> str:

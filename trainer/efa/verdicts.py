@@ -7,8 +7,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-
-
 # host:pid:tid [cudaDev] ... NCCL INFO|WARN msg  (WARN lines carry file:line (func) before NCCL;
 # Ray prefixes "(RayTrainWorker pid=.., ip=..)", NCCL may prefix a timestamp.)
 PREFIX = re.compile(

@@ -1,1 +1,5 @@
-"""Starting a run from the user's machine: the pre-flight and the TorchTrainer (launch), the cluster check (cluster), the local demo (local), `trainer data` (datacheck)."""
+"""Starting a run from the user's machine or the driver.
+
+launch: the pre-flight, the TorchTrainer and its retries (`trainer train`); cluster: reachable
+and large enough; local: the local demo (`trainer local`); datacheck: `trainer data`.
+"""

@@ -11,8 +11,12 @@ from __future__ import annotations
 import argparse
 from typing import Sequence
 
-from trainer.config import ConfigError, add_arguments, from_args
-
+from trainer.config.flags import ConfigError
+from trainer.config.load import add_arguments, from_args
+from trainer.data import sources
+from trainer.data.formats import Renderer
+from trainer.data.packing import DataError, DataSpec, examples, pack_dataset, summary
+from trainer.jobs.launch import preflight
 
 OPEN, CLOSE = "⟦", "⟧"
 
@@ -36,9 +40,6 @@ def marked(tokenizer, ids: Sequence[int], mask: Sequence[bool]) -> str:
 def report(cfg, tokenizer, show: int = 0, storage_fs=None, meta: dict | None = None) -> dict:
     """Counts of the whole dataset as the job packs it (`meta`: the packed data's, when the pre-flight
     packed it already), and the first `show` records rendered."""
-    from trainer import sources
-    from trainer.data import DataSpec, examples, pack_dataset, summary
-    from trainer.formats import Renderer
 
     spec = DataSpec.from_config(cfg)
     source = sources.resolve(spec.dataset, config=spec.config, split=spec.split, storage_fs=storage_fs,
@@ -88,8 +89,6 @@ def main(argv: Sequence[str]) -> int:
     add_arguments(parser)
     args = parser.parse_args(list(argv))
     show = args.__dict__.pop("show")
-    from trainer.data import DataError
-    from trainer.launch import preflight
 
     if show < 0:
         raise ConfigError([f"--show {show}: must be 0 or more"])

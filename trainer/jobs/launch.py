@@ -13,14 +13,19 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from facts import ray as ray_facts
-from trainer import resume
-from trainer.config import ConfigError, TrainConfig, add_arguments, flag, from_args, is_remote
-from trainer.data import DataError, DataSpec, check_records, load_records, prepare, tokenizer_fingerprint
-from trainer.data import summary as data_summary
 from facts.errors import EXIT_FAILED, EXIT_OK, UserError, first_line
-from trainer.formats import Renderer
-from trainer.model import check_architecture
-from trainer.sources import ModelSourceError, check_weights, read_model_config, tokenizer_only
+from trainer.config.flags import ConfigError, TrainConfig, flag, is_remote
+from trainer.config.load import add_arguments, from_args
+from trainer.data.formats import Renderer
+from trainer.data.packing import DataError, DataSpec, check_records, load_records, prepare, tokenizer_fingerprint
+from trainer.data.packing import summary as data_summary
+from trainer.jobs.cluster import ClusterError, check_capacity, check_reachable
+from trainer.loop.metrics import missing_backends
+from trainer.loop.run import CHAT_TEMPLATE_KEY, train_func
+from trainer.model.build import check_architecture
+from trainer.model.errors import ModelSourceError
+from trainer.model.sources import check_weights, read_model_config, tokenizer_only
+from trainer.run_folder import resume
 from trainer.storage import Storage, location_problem
 
 
@@ -58,7 +63,7 @@ def preflight(cfg: TrainConfig, storage_filesystem: Any = None, *, full_data: bo
     tokens exists at this --seq-len; otherwise (`trainer submit`, the job repeats the check
     at its start) the first 100 records rendered. With `for_run` (not `trainer data`): one
     global batch must exist, the run folder must be writable, and a run folder that
-    holds a run resumes only with the inputs it was started with (trainer.resume).
+    holds a run resumes only with the inputs it was started with (trainer.run_folder.resume).
     """
     problems: list[str] = []
     info: dict = {"notes": []}
@@ -81,7 +86,6 @@ def preflight(cfg: TrainConfig, storage_filesystem: Any = None, *, full_data: bo
             read_model_config(cfg.tokenizer, storage_fs=fs_for(cfg.tokenizer))
         except ModelSourceError as e:
             problems.append(f"{flag('tokenizer')}: {str(e).replace('model ', 'tokenizer ', 1)}")
-    from trainer.metrics import missing_backends
 
     for name in missing_backends(cfg.reporters):
         problems.append(f"{flag('report_to')} {name}: the {name} package is not installed where the job runs; "
@@ -133,15 +137,13 @@ def preflight(cfg: TrainConfig, storage_filesystem: Any = None, *, full_data: bo
 
 def build_trainer(cfg: TrainConfig, storage_filesystem: Any = None, *, quiet: bool = False,
                   inputs: dict | None = None):
-    """TorchTrainer running trainer.loop.train_func; `quiet` hides Ray Train's own INFO logs.
+    """TorchTrainer running trainer.loop.run.train_func; `quiet` hides Ray Train's own INFO logs.
 
     Ray retries nothing itself (max_failures 0; train() decides); preemptions keep Ray's own
     budget (FailureConfig.max_preemption_failures, unlimited by default).
     """
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
-
-    from trainer.loop import CHAT_TEMPLATE_KEY, train_func
 
     storage_path = cfg.storage_path
     if storage_filesystem is not None and "://" in storage_path:
@@ -181,8 +183,6 @@ def user_error(error: BaseException) -> UserError | None:
         from ray.train.v2._internal.exceptions import InsufficientClusterResourcesError
 
         if isinstance(error.controller_failure, InsufficientClusterResourcesError):
-            from trainer.cluster import ClusterError
-
             return ClusterError(str(error.controller_failure).replace("\n", " "))
     return None
 
@@ -213,7 +213,6 @@ def train(cfg: TrainConfig, storage_filesystem: Any = None, *, check: bool = Tru
     after a worker, node or storage failure, up to --max-failures times. A user error from
     any worker is raised at once (a UserError: exit 2).
     """
-    from trainer.cluster import check_capacity
 
     if check:
         inputs = preflight(cfg, storage_filesystem)["inputs"]
@@ -253,8 +252,6 @@ def connect(address: str | None, **kwargs):
     """ray.init, within seconds or with the reason: an address nobody answers, or no cluster to find."""
     import ray
 
-    from trainer.cluster import ClusterError, check_reachable
-
     check_reachable(address)
     try:
         return ray.init(address=address, **kwargs)
@@ -275,7 +272,6 @@ def main(argv: Sequence[str]) -> int:
     if not is_remote(cfg.storage_path) and cfg.num_workers > 1 and address not in ("auto", "local"):
         print(f"note: {flag('storage_path')} {cfg.storage_path} is local; multi-node runs need shared storage (s3://)",
               file=sys.stderr)
-    from trainer.cluster import check_reachable
 
     check_reachable(address)  # seconds, before the pre-flight reads the data
     info = preflight(cfg)

@@ -23,9 +23,13 @@ import time
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from trainer import demo
-from trainer.config import ConfigError, TrainConfig, add_arguments, from_args, split_out, validate
 from facts.errors import EXIT_FAILED, EXIT_OK, UserError
+from trainer import demo
+from trainer.config.flags import ConfigError, TrainConfig, validate
+from trainer.config.load import add_arguments, from_args, load_yaml, split_out
+from trainer.jobs.cluster import check_reachable
+from trainer.jobs.launch import connect, preflight, print_notes, train
+from trainer.loop.metrics import read_metrics
 from trainer.storage import location_problem
 
 DEFAULTS = dict(num_workers=2, steps=400, seed=0, global_batch_size=32, log_every=20, checkpoint_every=200,
@@ -62,8 +66,6 @@ def make_config(args: argparse.Namespace, out: Path) -> TrainConfig:
     given.pop("out", None)
     yaml_keys: set[str] = set()
     if given.get("config"):
-        from trainer.config import load_yaml
-
         yaml_keys = {str(k).replace("-", "_") for k in load_yaml(given["config"])}
     explicit = set(given) | yaml_keys
     defaults = {**DEFAULTS, "model": str(out / DEMO_MODEL), "dataset": str(out / DEMO_DATA / "train.jsonl"),
@@ -192,8 +194,6 @@ def main(argv: Sequence[str]) -> int:
     if where:
         raise ConfigError([f"--out {out}: {where}"])
     if args.address:
-        from trainer.cluster import check_reachable
-
         check_reachable(args.address)
 
     _quiet_libraries()
@@ -202,8 +202,6 @@ def main(argv: Sequence[str]) -> int:
     print(f"[1/5] preparing {what or 'the run'} in {out}", flush=True)
     created = not out.exists()
     init_model, eval_rows = prepare_assets(out, cfg.seed, model=demo_model, data=demo_data)
-
-    from trainer.launch import connect, preflight, print_notes, train
 
     try:
         info = preflight(cfg)
@@ -251,7 +249,6 @@ def main(argv: Sequence[str]) -> int:
         print(f"[4/5] held-out exact match after training: {after:.1%}", flush=True)
     else:
         print("[4/5] trained", flush=True)
-    from trainer.metrics import read_metrics
 
     run = Path(cfg.run_uri)
     metrics = read_metrics(run / "metrics.jsonl")

@@ -1,4 +1,4 @@
-"""When a run saves and what a save involves (the format itself: trainer.checkpoint).
+"""When a run saves and what a save involves (the format itself: trainer.run_folder.checkpoint).
 
 The Checkpointer resumes from the newest complete checkpoint, saves every --checkpoint-every
 steps and at the last step, saves at once when Ray reports that a node is about to be
@@ -13,11 +13,11 @@ import logging
 import time
 from typing import Any, Callable
 
-from trainer import checkpoint as ckpt
-from trainer.config import TrainConfig
-from trainer.data import PackedData
-from trainer.metrics import RayReportBudget
-from trainer.monitor import Monitor
+from trainer.config.flags import TrainConfig
+from trainer.data.packing import PackedData
+from trainer.loop.metrics import RayReportBudget
+from trainer.loop.monitor import Monitor
+from trainer.run_folder import checkpoint as ckpt
 from trainer.storage import Storage
 
 log = logging.getLogger("trainer")

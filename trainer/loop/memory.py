@@ -13,11 +13,10 @@ from typing import Callable
 
 import torch
 
-from trainer.config import TrainConfig
-from trainer.model import enable_activation_checkpointing
-from trainer.parallel import Collectives, WorkerEnv
-from trainer.step import (DEFAULT_LOSS, IGNORE_INDEX, loss_index, loss_path, resolve_loss,
-                          token_loss_sum)
+from trainer.config.flags import TrainConfig
+from trainer.loop.parallel import Collectives, WorkerEnv
+from trainer.loop.step import DEFAULT_LOSS, IGNORE_INDEX, loss_index, loss_path, resolve_loss, token_loss_sum
+from trainer.model.build import enable_activation_checkpointing
 
 log = logging.getLogger("trainer")
 

@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from trainer import flops as flops_lib
+from trainer.model import flops as flops_lib
 
 METRICS_FILE = "metrics.jsonl"
 EVENTS_FILE = "events.jsonl"

@@ -15,11 +15,11 @@ from typing import Any
 
 import torch.distributed as dist
 
-from trainer import flops as flops_lib
-from trainer.config import TrainConfig
-from trainer.metrics import EVENTS_FILE, METRICS_FILE, MLFLOW_DIR, TENSORBOARD_DIR, IntervalTracker, MetricsWriter
-from trainer.parallel import WorkerEnv
-from trainer.step import StepHealth, StepOutput, TrainingDiverged
+from trainer.config.flags import TrainConfig
+from trainer.loop.metrics import EVENTS_FILE, METRICS_FILE, MLFLOW_DIR, TENSORBOARD_DIR, IntervalTracker, MetricsWriter
+from trainer.loop.parallel import WorkerEnv
+from trainer.loop.step import StepHealth, StepOutput, TrainingDiverged
+from trainer.model import flops as flops_lib
 from trainer.storage import Storage
 
 log = logging.getLogger("trainer")

@@ -1,11 +1,12 @@
-"""Parallelism in one place: the sharding plan, the device mesh, FSDP2 sharding, the communication estimate.
+"""Parallelism across the workers: the sharding plan, the device mesh, the communication estimate, the EFA check.
 
 Full sharding is a 1-D mesh over every rank; hybrid sharding a 2-D (replicate, shard) mesh,
 sharded inside a node and replicated across nodes, nodes told apart by the ranks' hostnames.
 `--sharding auto` weighs the communication estimate (bytes per collective over the instance
 type's network, from facts.catalog) and takes whichever communicates less. The loop builds a
 WorkerEnv once (`setup_parallel`) and hands it to the model (its mesh), the memory fit and the step
-(its Collectives: what they reduce over, and whether gradients also cross replicas).
+(its Collectives: what they reduce over, and whether gradients also cross replicas). The model groups
+themselves for FSDP2 in trainer.model.sharding.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
-from trainer.config import ConfigError, TrainConfig
+from trainer import efa
+from trainer.config.flags import ConfigError, TrainConfig
+from trainer.model.flops import parameter_count
+from trainer.model.sources import read_model_config
 
 log = logging.getLogger("trainer")
 
@@ -212,14 +215,11 @@ def setup_parallel(cfg: TrainConfig, rank: int, world_size: int, local_rank: int
 
     Full sharding: a 1-D mesh over every rank. Hybrid sharding: a 2-D (replicate, shard)
     mesh, sharded inside a node and replicated across nodes, nodes told apart by the
-    ranks' hostnames (trainer.model.plan_sharding; --sharding auto weighs the estimate).
+    ranks' hostnames (plan_sharding; --sharding auto weighs the estimate).
     """
     import socket
 
     from torch.distributed.device_mesh import init_device_mesh
-
-    from trainer.flops import parameter_count
-    from trainer.sources import read_model_config
 
     if cfg.use_gpu:
         device = device or torch.device("cuda", local_rank)
@@ -266,7 +266,6 @@ def transport_check(cfg: TrainConfig, env: WorkerEnv) -> None:
     """
     if not cfg.use_gpu:
         return
-    from trainer import efa
 
     def gather(obj):
         everyone = [None] * env.world_size

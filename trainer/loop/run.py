@@ -1,9 +1,9 @@
 """The per-worker training function that Ray Train runs on every rank.
 
-    setup: inputs (once per node) -> model (sharded, trainer.parallel) -> optimizer/schedule
-           -> micro-batch that fits (trainer.memory) -> resume (trainer.checkpointer)
+    setup: inputs (once per node) -> model (sharded, trainer.loop.parallel) -> optimizer/schedule
+           -> micro-batch that fits (trainer.loop.memory) -> resume (trainer.loop.checkpointer)
     loop:  data -> step -> metrics every --log-every -> checkpoint when due or preempted
-    end:   Hugging Face export (trainer.export)
+    end:   Hugging Face export (trainer.run_folder.export)
 
 `train_func` is the Ray entry point; `run` holds the loop and receives Ray only through
 `reporter`, `preemption` and the run storage, so the loop reads top to bottom.
@@ -20,19 +20,19 @@ from typing import Any, Callable, NamedTuple
 import torch
 import torch.distributed as dist
 
-from trainer import memory, optim
-from trainer import record as run_record
-from trainer.checkpointer import Checkpointer, Reporter, report_to_ray
-from trainer.config import TrainConfig
-from trainer.data import DataSpec, PackedData, prepare
-from trainer.data import summary as data_summary
-from trainer.export import export_hf
-from trainer.model import build_model
-from trainer.sources import load_tokenizer, resolve_model_path
-from trainer.monitor import Monitor
-from trainer.parallel import WorkerEnv, setup_parallel, transport_check
-from trainer.resume import INPUTS_KEY
-from trainer.step import DEFAULT_LOSS, check_loss_path, resolve_loss, train_step
+from trainer.config.flags import TrainConfig
+from trainer.data.packing import DataSpec, PackedData, prepare
+from trainer.data.packing import summary as data_summary
+from trainer.loop import memory, optim
+from trainer.loop.checkpointer import Checkpointer, Reporter, report_to_ray
+from trainer.loop.monitor import Monitor
+from trainer.loop.parallel import WorkerEnv, setup_parallel, transport_check
+from trainer.loop.step import DEFAULT_LOSS, check_loss_path, resolve_loss, train_step
+from trainer.model.build import build_model
+from trainer.model.sources import load_tokenizer, resolve_model_path
+from trainer.run_folder import record as run_record
+from trainer.run_folder.export import export_hf
+from trainer.run_folder.resume import INPUTS_KEY
 from trainer.storage import Storage
 
 log = logging.getLogger("trainer")
@@ -57,9 +57,9 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *, latest_checkpoint
         chat_template: str | None = None, inputs: dict | None = None) -> dict:
     """Train to the configured number of steps; returns the last logged metrics.
 
-    `preemption` (ray.train.get_preemption_info under Ray) is asked at logging steps (trainer.checkpointer);
+    `preemption` (ray.train.get_preemption_info under Ray) is asked at logging steps (trainer.loop.checkpointer);
     `chat_template` (the text of --chat-template, read by the driver) replaces the tokenizer's; `inputs`
-    (the driver's trainer.resume.inputs) go into run.json.
+    (the driver's trainer.run_folder.resume.inputs) go into run.json.
     """
     torch.manual_seed(cfg.seed)
     model_path, tokenizer, data = fetch_inputs(cfg, storage, chat_template)

@@ -10,7 +10,7 @@ mask; transformers then derives a block-diagonal causal mask from the position i
 (sdpa/eager/flex) or uses variable-length kernels (flash attention), so attention never
 crosses documents. Labels arrive already shifted (labels[t] is the target of token t).
 
-The loss never materialises fp32 logits for the whole micro-batch (trainer.losses), and
+The loss never materialises fp32 logits for the whole micro-batch (trainer.model.losses), and
 it is the model's own: its transform of the logits after the head (softcapping, scaling)
 is applied by the loss instead of by the model, checked once against the model's own
 logits (check_loss_path, which falls back to the plain loss for a transform it does not
@@ -32,13 +32,13 @@ import torch
 import torch.nn.functional as F
 
 from facts.errors import UserError
-from trainer.losses import IMPLEMENTATIONS, linear_cross_entropy_sum, liger_available, liger_has_softcap
-from trainer.parallel import Collectives
+from trainer.loop.parallel import Collectives
+from trainer.model.losses import IMPLEMENTATIONS, liger_available, liger_has_softcap, linear_cross_entropy_sum
 
 log = logging.getLogger("trainer")
 IGNORE_INDEX = -100
 LOSSES = ("auto",) + IMPLEMENTATIONS
-DEFAULT_LOSS = "auto"  # the step's loss, and the one the micro-batch probe runs (trainer.memory): the same memory
+DEFAULT_LOSS = "auto"  # the step's loss, and the one the micro-batch probe runs (trainer.loop.memory): the same memory
 
 
 @dataclass
@@ -155,7 +155,7 @@ def forward_loss(model: torch.nn.Module, batch: Mapping[str, torch.Tensor],
     """(sum of cross-entropy over the labelled tokens, weighted router aux loss or None) of one micro-batch.
 
     The one place that turns hidden states into a loss. `loss` is an implementation of
-    trainer.losses (resolved, not `auto`): `plain` computes the full logits as the model
+    trainer.model.losses (resolved, not `auto`): `plain` computes the full logits as the model
     returns them; the others never hold fp32 logits for the whole micro-batch and skip
     the lm_head for unlabelled tokens (`loss_index`, when the batch carries it).
     """
@@ -198,7 +198,7 @@ def check_loss_path(model: torch.nn.Module, impl: str, device: torch.device, *, 
     """`impl` when it gives the model's own loss, else the plain loss (or chunked for Liger); once per model.
 
     One forward of a 32-token batch with the model's own logits and one with `impl`: a model
-    that changes its logits after the head in a way trainer.losses does not apply gets the
+    that changes its logits after the head in a way trainer.model.losses does not apply gets the
     plain loss, with a warning, instead of a loss that is not its own. Collective (every
     rank runs the same forwards; the most conservative answer wins).
     """
@@ -265,7 +265,7 @@ def train_step(
 ) -> StepOutput:
     """Forward/backward every micro-batch, clip, step optimizer and schedule; returns device tensors.
 
-    `collectives` (trainer.parallel, the loop's WorkerEnv) are the ranks the token count and the
+    `collectives` (trainer.loop.parallel, the loop's WorkerEnv) are the ranks the token count and the
     reported loss are summed over. With hybrid sharding the cross-replica all-reduce runs once per
     step, after the last micro-batch; the reduce-scatter inside a replica runs after each.
     """

@@ -1,1 +1,6 @@
-"""The model: its parts (parts), where it comes from (sources), reading its weights (weights), sharding (sharding), building (build), its loss (losses) and FLOPs (flops)."""
+"""The model.
+
+parts: what FSDP2 groups; sources: where a model and tokenizer come from; weights: reading a
+checkpoint shard by shard; sharding: FSDP2 groups; build: meta build, shard, load; losses;
+flops: FLOPs per token and MFU; errors: why a model cannot be used.
+"""

@@ -63,7 +63,7 @@ def initialise_unloaded(model: nn.Module, seed: int) -> None:
 
 
 def load_weights(model: nn.Module, path: str | Path) -> dict:
-    """Read this rank's slices of the checkpoint into the sharded parameters (trainer.weights)."""
+    """Read this rank's slices of the checkpoint into the sharded parameters (trainer.model.weights)."""
     return load_sharded(model, Path(path))
 
 
@@ -77,7 +77,7 @@ def liger_kernels_available() -> bool:
 
 
 def apply_liger_kernels(model: nn.Module) -> bool:
-    """Liger's fused RMSNorm, SwiGLU and RoPE kernels on this model instance (not its loss: see trainer.losses)."""
+    """Liger's fused RMSNorm, SwiGLU and RoPE kernels on this model instance (not its loss: see trainer.model.losses)."""
     from liger_kernel.transformers import _apply_liger_kernel_to_instance
 
     before = {name: m.__dict__.get("forward") for name, m in model.named_modules()}
@@ -121,7 +121,7 @@ def build_model(
     random_init: bool = False,
 ) -> nn.Module:
     """A sharded, weight-loaded causal LM ready to train; `random_init`: the config's initialisation instead
-    (a folder without weights is an error otherwise: trainer.sources.check_weights).
+    (a folder without weights is an error otherwise: trainer.model.sources.check_weights).
 
     `kernels`: "liger" patches Liger's RMSNorm/SwiGLU/RoPE kernels into the model, "auto"
     does so on GPU when liger-kernel is installed, "none" keeps transformers' modules.

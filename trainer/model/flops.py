@@ -1,4 +1,4 @@
-"""Cost model: training FLOPs per token, MFU, the measured matmul peak (communication: trainer.parallel).
+"""Cost model: training FLOPs per token, MFU, the measured matmul peak (communication: trainer.loop.parallel).
 
 FLOPs per token = 6 x (the matmul weights a token goes through + vocab x hidden for the
 lm_head matmul, counted even when the embedding is tied) + 12 x (heads x head_dim) x the
@@ -10,7 +10,7 @@ The shape is the model's own: transformers builds it on the meta device (no memo
 the weights of its decoder layers are counted, so fused or split projections, MLP form
 (gated or not) and biases are whatever the architecture has. Mixture-of-experts layers
 count each token's active experts only (num_experts_per_tok of the stacked experts),
-their router and shared experts in full; `parameter_count` (for trainer.parallel's
+their router and shared experts in full; `parameter_count` (for trainer.loop.parallel's
 communication estimate) counts every parameter, experts included (all of them are
 gathered and reduced). Imports only torch, and that lazily.
 """
@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from trainer.model.parts import model_parts
 
 # Dense bf16 tensor-core peak, TFLOP/s (vendor datasheets, no sparsity), of the chips the instance
 # catalog does not list; the catalog's rows carry their own (facts.catalog, gpu_bf16_tflops).
@@ -71,8 +73,6 @@ def model_shape(config: Any) -> ModelShape:
     if key not in _SHAPES:
         import torch
         from transformers import AutoModelForCausalLM
-
-        from trainer.model import model_parts
 
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)

@@ -15,7 +15,7 @@ is accumulated over chunks in fp32 and rounded once.
 What a model does to its logits after the head is part of its loss: `scale` multiplies
 the logits (Cohere's logit_scale, 1 / Granite's logits_scaling) and `softcap` applies
 `softcap * tanh(logits / softcap)` (Gemma's final_logit_softcapping), in fp32, in every
-implementation here; trainer.step reads them from the model and checks the result
+implementation here; trainer.loop.step reads them from the model and checks the result
 against the model's own logits.
 
 Liger's fused linear cross-entropy (Triton, GPU only) is used instead when asked for and

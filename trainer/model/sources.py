@@ -7,26 +7,22 @@ trainer.model.weights reads, fetched once per node into the cache (trainer.cache
 """
 
 from __future__ import annotations
-import hashlib
+
 import json
-import os
 import re
-import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from facts.errors import UserError, first_line
+
+from facts.errors import first_line
 from trainer import cache
-from trainer.formats import DataError
+from trainer.model.errors import ModelSourceError
+from trainer.model.weights import Checkpoint
+from trainer.storage import Storage
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _HUB_FILES = ["*.json", "*.jinja", "*.txt", "*.model", "tokenizer*"]  # plus the weight files (hub_weight_files)
 BIN_WEIGHTS = re.compile(r"^pytorch_model(-\d+-of-\d+)?\.bin$")
 RANDOM_INIT_FLAG = "--random-init"
-
-
-class ModelSourceError(UserError, ValueError):
-    """The model location cannot be resolved to a folder with a Hugging Face config."""
 
 
 def describe_source(spec: str) -> str:
@@ -60,8 +56,6 @@ def resolve_model_path(spec: str, cache_dir: str | Path, *, storage_fs: Any = No
         if cache.is_complete(target):
             return Path(json.loads((target / cache.MARKER).read_text())["path"])
         if kind == "s3":
-            from trainer.storage import Storage
-
             store = Storage.from_uri(spec, fs=storage_fs)
             if not store.exists("config.json"):
                 raise ModelSourceError(f"model {spec!r}: no config.json under this s3:// prefix; "
@@ -84,7 +78,7 @@ def resolve_model_path(spec: str, cache_dir: str | Path, *, storage_fs: Any = No
 
 def hub_weight_files(files: list[str]) -> list[str]:
     """The top-level weight files from_pretrained would read: the safetensors when the repo has any,
-    else the pytorch_model*.bin files (trainer.weights reads both)."""
+    else the pytorch_model*.bin files (trainer.model.weights reads both)."""
     top = [f for f in files if "/" not in f]
     safetensors = sorted(f for f in top if f.endswith(".safetensors"))
     return safetensors or sorted(f for f in top if BIN_WEIGHTS.match(f))
@@ -101,9 +95,7 @@ def _hub_weight_patterns(spec: str) -> list[str]:
 
 
 def weight_files(folder: str | Path) -> list[str]:
-    """The weight files trainer.weights reads from a local folder (an index's files, else the glob)."""
-    from trainer.weights import Checkpoint
-
+    """The weight files trainer.model.weights reads from a local folder (an index's files, else the glob)."""
     return Checkpoint.files_in(Path(folder))
 
 
@@ -119,8 +111,6 @@ def check_weights(spec: str, *, storage_fs: Any = None, random_init: bool = Fals
         folder = local_model_dir(spec)
         files = weight_files(folder)
         if files and not random_init:
-            from trainer.weights import Checkpoint
-
             Checkpoint(folder).close()  # opens every file: safetensors headers, .bin zip index
     elif kind == "s3":
         files = _check_s3_weights(spec, storage_fs) if not random_init else []
@@ -163,8 +153,6 @@ def _safetensors_header_problem(read_at, size: int) -> str | None:
 
 
 def _check_s3_weights(spec: str, storage_fs: Any) -> list[str]:
-    from trainer.storage import Storage
-
     store = Storage.from_uri(spec, fs=storage_fs)
     sizes = {k: v for k, v in store.file_sizes().items() if "/" not in k}
     files = sorted(k for k in sizes if k.endswith(".safetensors")) or sorted(k for k in sizes if BIN_WEIGHTS.match(k))
@@ -204,8 +192,6 @@ def read_model_config(spec: str, *, storage_fs: Any = None):
         if kind == "local":
             return AutoConfig.from_pretrained(str(local_model_dir(spec)))
         if kind == "s3":
-            from trainer.storage import Storage
-
             store = Storage.from_uri(spec, fs=storage_fs)
             if not store.exists("config.json"):
                 raise ModelSourceError(f"model {spec!r}: no config.json under this s3:// prefix; "
@@ -245,8 +231,6 @@ def tokenizer_only(spec: str, cache_dir: str | Path, *, storage_fs: Any = None):
 
     kind = describe_source(spec)
     if kind == "s3":
-        from trainer.storage import Storage
-
         store = Storage.from_uri(spec, fs=storage_fs)
         folder = Path(tempfile.mkdtemp(prefix="tokenizer-"))
         for name in _TOKENIZER_FILES:

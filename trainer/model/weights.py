@@ -14,7 +14,7 @@ does; only the reading differs: every rank reads just the rows of its shard.
 - Any other conversion (a fused QKV split, a transpose) materialises that one tensor,
   then keeps this rank's rows: one tensor at a time, never the whole model.
 
-Missing weights are left to the model's own initialisation (trainer.model), as
+Missing weights are left to the model's own initialisation (trainer.model.build), as
 from_pretrained leaves them. Imports torch, safetensors and transformers only.
 """
 
@@ -32,8 +32,8 @@ import torch
 from torch import nn
 
 from facts.errors import first_line
-from trainer.model import model_name
-from trainer.sources import ModelSourceError
+from trainer.model.errors import ModelSourceError
+from trainer.model.parts import model_name
 
 log = logging.getLogger("trainer")
 

@@ -1,1 +1,5 @@
-"""What a run leaves in its folder: sharded checkpoints (checkpoint), the run record (record), the exported model (export), and what a folder may resume with (resume)."""
+"""What a run leaves in its folder.
+
+checkpoint: the sharded checkpoint format and its marker; record: run.json and the model card;
+export: the Hugging Face model folder; resume: what a folder may resume with.
+"""

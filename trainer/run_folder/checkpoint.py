@@ -1,4 +1,4 @@
-"""Sharded checkpoints in run storage and resumption (the Hugging Face export: trainer.export).
+"""Sharded checkpoints in run storage and resumption (the Hugging Face export: trainer.run_folder.export).
 
 Layout of one checkpoint, `<run>/checkpoint_<step>/`:
   *.distcp, .metadata   torch.distributed.checkpoint shards of model and optimizer

@@ -1,6 +1,6 @@
 """The Hugging Face export at the end of a run: full bf16 weights in safetensors, config, tokenizer, card.
 
-Beside the checkpoints (trainer.checkpoint) in the run folder, under `model/`: a folder
+Beside the checkpoints (trainer.run_folder.checkpoint) in the run folder, under `model/`: a folder
 `from_pretrained` loads as it is, in the checkpoint's own key layout as save_pretrained writes it.
 """
 
@@ -24,7 +24,6 @@ def export_hf(storage: Storage, model, tokenizer, source: str | Path | None = No
     """Collective: gather full weights to rank 0 and write a Hugging Face folder (bf16 safetensors),
     with `card` (rank 0's model card text) as its README.md."""
     from transformers import GenerationConfig
-
     from transformers.core_model_loading import revert_weight_conversion
 
     rank = dist.get_rank() if dist.is_initialized() else 0

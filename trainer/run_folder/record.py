@@ -58,7 +58,7 @@ def run_record(cfg, *, data_meta: dict, data_key: str, hw: dict, previous: dict 
                total_steps: int, extra: dict | None = None, inputs: dict | None = None) -> dict:
     """run.json's content: this attempt appended to the attempts of `previous` (the file as it was).
 
-    `inputs` (trainer.resume) are what a later resume is compared with: the driver's, else the previous ones.
+    `inputs` (trainer.run_folder.resume) are what a later resume is compared with: the driver's, else the previous ones.
     """
     attempt = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "start_step": start_step, "hardware": hw,
                "versions": versions(), **(extra or {})}

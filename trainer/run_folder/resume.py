@@ -8,7 +8,7 @@ the result, the data's content, the tokenizer and chat template, the model), is 
 run.json; before Ray starts, the inputs asked for now are compared with those, and any
 difference is refused, listing each, with the two ways out: another run name or folder,
 or --resume-anyway. Settings that only change how a run is executed or watched
-(trainer.config.RUN_SETTINGS) never block a resume.
+(flags declared with `result=False`, trainer.config.flags) never block a resume.
 """
 
 from __future__ import annotations
@@ -18,8 +18,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trainer.config import ConfigError, TrainConfig, flag
-from trainer.record import RUN_RECORD
+from trainer.config.flags import ConfigError, TrainConfig, flag
+from trainer.model.sources import BIN_WEIGHTS, describe_source, local_model_dir
+from trainer.run_folder import checkpoint as ckpt
+from trainer.run_folder.export import EXPORT_DIR
+from trainer.run_folder.record import RUN_RECORD
+from trainer.storage import Storage
 
 INPUTS_KEY = "run_inputs"  # train_loop_config key: the driver's inputs, written into run.json by rank 0
 _SAMPLE = 1 << 20
@@ -31,7 +35,6 @@ def model_identity(spec: str, *, storage_fs: Any = None) -> dict:
     Sampled, not whole-file, hashes: two checkpoints of one architecture have identical
     headers and sizes, but no two trainings agree on a single MiB of weights.
     """
-    from trainer.sources import BIN_WEIGHTS, describe_source, local_model_dir
 
     kind = describe_source(spec)
     if kind == "local":
@@ -41,8 +44,6 @@ def model_identity(spec: str, *, storage_fs: Any = None) -> dict:
         return {"config": _sha(folder.joinpath("config.json").read_bytes()),
                 "weights": [[n, (folder / n).stat().st_size, _sampled_hash(folder / n)] for n in names]}
     if kind == "s3":
-        from trainer.storage import Storage
-
         store = Storage.from_uri(spec, fs=storage_fs)
         sizes = store.file_sizes()
         return {"config": _sha(store.read_bytes("config.json")),
@@ -67,7 +68,7 @@ def _sampled_hash(path: Path) -> str:
 
 def inputs(cfg: TrainConfig, *, data: dict | None, tokenizer: str | None, model: dict | None,
            chat_template: str | None = None) -> dict:
-    """What a run is started with; `data` is the source fingerprint (trainer.sources), `tokenizer` its digest."""
+    """What a run is started with; `data` is the source fingerprint (trainer.model.sources), `tokenizer` its digest."""
     settings = cfg.result_settings
     if chat_template is not None:  # its text, not its path (a submitted job gets a copy under another name)
         settings["chat_template"] = _sha(chat_template.encode())
@@ -109,9 +110,6 @@ def _which_files(a: dict, b: dict) -> str:
 
 def recorded(run_storage) -> dict | None:
     """The run.json of a run folder that has something to resume from (a checkpoint or an export)."""
-    from trainer import checkpoint as ckpt
-    from trainer.export import EXPORT_DIR
-
     try:
         if not run_storage.exists(RUN_RECORD):
             return None

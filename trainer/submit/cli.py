@@ -13,13 +13,21 @@ from pathlib import Path
 from facts import outputs as stack_outputs
 from facts import ray as ray_facts
 from facts.errors import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USAGE
-from trainer import config as train_config
-from trainer import nccl_bench
-from trainer.submit.connection import (add_connection_arguments, command_hint, connect, connection_flags,
-                                       parse_connection)
+from trainer.config import load
+from trainer.config.flags import EXTRA_ARGUMENTS, FLAGS, ConfigError, flag
+from trainer.efa import nccl_bench
+from trainer.submit.connection import add_connection_arguments, command_hint, connect, connection_flags, parse_connection
 from trainer.submit.follow import follow, report_status
-from trainer.submit.job import (entrypoint, job_environment, parse_env, remote_problems, runtime_env, stage_package,
-                                submit, submit_when_ready)
+from trainer.submit.job import (
+    entrypoint,
+    job_environment,
+    parse_env,
+    remote_problems,
+    runtime_env,
+    stage_package,
+    submit,
+    submit_when_ready,
+)
 from trainer.submit.target import SubmitError, Target, catalog_row, stack_defaults, stack_gpus, stack_target
 
 
@@ -63,7 +71,7 @@ def main(argv: list[str]) -> int:
         description="Submit a fine-tuning run as a Ray job, stream its logs and exit with its status "
                     f"(0 succeeded, {EXIT_FAILED} failed, {EXIT_STOPPED} stopped, {EXIT_USAGE} bad input or "
                     "unreachable cluster). Resubmitting a run name resumes it from its last complete checkpoint.")
-    train_config.add_arguments(parser)
+    load.add_arguments(parser)
     add_connection_arguments(parser)
     job = parser.add_argument_group("the job")
     job.add_argument("--no-wait", action="store_true", help="return once submitted")
@@ -73,20 +81,20 @@ def main(argv: list[str]) -> int:
                      help="fail within the first steps if NCCL is not on EFA (default: on for multi-node GPU jobs)")
     args = parse_connection(parser, argv)
 
-    names = set(train_config.FLAGS) | set(train_config.EXTRA_ARGUMENTS)
+    names = set(FLAGS) | set(EXTRA_ARGUMENTS)
     training = {k: v for k, v in vars(args).items() if k in names}
     with contextlib.ExitStack() as stack:  # the stack's kubeconfig lives exactly as long as this block
         target, outputs = (stack.enter_context(stack_target(args.stack)) if args.stack and not args.address
                            else (None, {}))
         defaults = stack_defaults(outputs)
-        cfg = train_config.from_args(argparse.Namespace(**training), defaults)
+        cfg = load.from_args(argparse.Namespace(**training), defaults)
         cfg = dataclass_replace(cfg, run_name=cfg.resolved_run_name)
         cluster_storage = "storage_path" not in (defaults or {}) and not storage_chosen(args, training)
         if not args.address:
             problems = [p for p in remote_problems(cfg)
-                        if not (cluster_storage and p.startswith(train_config.flag("storage_path")))]
+                        if not (cluster_storage and p.startswith(flag("storage_path")))]
             if problems:
-                raise train_config.ConfigError(problems)
+                raise ConfigError(problems)
         env = job_environment(cfg, args.require_efa, parse_env(args.env))
         check_capacity_of_stack(cfg, outputs)
         check_here(cfg, cluster_storage)
@@ -95,7 +103,7 @@ def main(argv: list[str]) -> int:
 
 def check_capacity_of_stack(cfg, outputs: dict) -> None:
     """More GPU workers than the stack's GPU nodes can ever hold would wait forever: refuse it here."""
-    from trainer.cluster import ClusterError
+    from trainer.jobs.cluster import ClusterError
 
     gpus = stack_gpus(outputs)
     if cfg.use_gpu and gpus is not None and cfg.num_workers > gpus:
@@ -108,7 +116,7 @@ def check_here(cfg, cluster_storage: bool) -> None:
     """The pre-flight on this machine, before anything is submitted: the model (config, tokenizer, weight
     headers), the first records, the run folder when it is known here. The job repeats it at its start on
     the cluster, with the whole dataset. s3:// inputs are checked here only with AWS credentials here."""
-    from trainer.launch import preflight, print_notes
+    from trainer.jobs.launch import preflight, print_notes
 
     uses_s3 = any(str(v).startswith("s3://") for v in (cfg.model, cfg.dataset, cfg.tokenizer, cfg.chat_template,
                                                         None if cluster_storage else cfg.storage_path))
@@ -132,7 +140,7 @@ def storage_chosen(args: argparse.Namespace, flags: dict) -> bool:
     """Did --storage-path/--out, or the --config file, name the storage? If not, the cluster's default applies."""
     if "storage_path" in flags or "out" in flags:
         return True
-    keys = {str(k).replace("-", "_") for k in train_config.load_yaml(args.config)} if args.config else set()
+    keys = {str(k).replace("-", "_") for k in load.load_yaml(args.config)} if args.config else set()
     return bool(keys & {"storage_path", "out"})
 
 
@@ -156,7 +164,7 @@ def submit_and_follow(args: argparse.Namespace, target: Target | None, cfg, env:
 
 
 def bench_main(argv: list[str]) -> int:
-    """Submit the all-reduce bandwidth test (trainer.nccl_bench) across all workers as a Ray job."""
+    """Submit the all-reduce bandwidth test (trainer.efa.nccl_bench) across all workers as a Ray job."""
 
     parser = argparse.ArgumentParser(
         prog="python -m trainer nccl-bench",

@@ -19,7 +19,6 @@ from typing import Iterator, Sequence
 from facts import ray as ray_facts
 from trainer.submit.target import SubmitError, Target, kubectl, run_command, stack_target
 
-
 CONNECT_TIMEOUT_S = 10.0
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import facts
 import trainer
+from trainer import efa
+from trainer.config.flags import flag
 from trainer.submit.target import SubmitError
 
 # What a job's working_dir holds: the trainer and the stdlib package of shared facts it imports.
@@ -28,8 +30,6 @@ def stage_package(into: Path) -> Path:
 
 def runtime_env(working_dir: Path, pip: list[str], env: dict[str, str]) -> dict:
     """With NCCL_DEBUG_FILE set, every worker process first creates its directory (NCCL makes none)."""
-    from trainer import efa
-
     spec: dict = {"working_dir": str(working_dir), "env_vars": dict(env)}
     if pip:
         spec["pip"] = list(pip)
@@ -74,7 +74,7 @@ def submit(client, *, cfg, pip: list[str], env: dict[str, str], cluster_storage:
 
     The job runs exactly the configuration validated here: it travels as job.yaml beside the package
     (a local --chat-template file too). With `cluster_storage` the storage path is left out of it, so
-    the cluster's default applies (CHECKPOINT_URI on the head, see trainer.launch.storage_default).
+    the cluster's default applies (CHECKPOINT_URI on the head, see trainer.jobs.launch.storage_default).
     Returns the job id and the length of the log a previous attempt left under the same id (Ray
     appends the new attempt to it).
     """
@@ -164,7 +164,6 @@ def job_environment(cfg, require_efa: bool | None, extra: dict[str, str], log_di
     ncclDebug: the EFA proof reads INFO lines. Lowering it with --env is refused unless the
     check is off (--no-require-efa).
     """
-    from trainer import efa
 
     env: dict[str, str] = {}
     if cfg.use_gpu:
@@ -183,8 +182,6 @@ def job_environment(cfg, require_efa: bool | None, extra: dict[str, str], log_di
 
 def remote_problems(cfg) -> list[str]:
     """A cluster reached through a port-forward cannot read files on this machine."""
-    from trainer.config import flag
-
     problems = []
     for name in ("model", "dataset", "tokenizer", "storage_path"):
         value = getattr(cfg, name)
