@@ -5,8 +5,8 @@ sharded inside a node and replicated across nodes, nodes told apart by the ranks
 `--sharding auto` weighs the communication estimate (bytes per collective over the instance
 type's network, from facts.catalog) and takes whichever communicates less. The loop builds a
 WorkerEnv once (`setup_parallel`) and hands it to the model (its mesh), the memory fit and the step
-(its Collectives: what they reduce over, and whether gradients also cross replicas). The model groups
-themselves for FSDP2 in trainer.model.sharding.
+(its Collectives: what they reduce over, and whether gradients also cross replicas). FSDP2's groups of
+the model are in trainer.model.sharding.
 """
 
 from __future__ import annotations
