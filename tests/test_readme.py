@@ -134,3 +134,25 @@ def test_a_broken_link_or_anchor_is_found(tmp_path):
         "other.md#a-section: no heading of other.md has the anchor #a-section",
         "#nowhere: no heading of page.md has the anchor #nowhere",
     ]
+
+
+# --- what the code says about the docs --------------------------------------------------------------
+
+NAMED_PAGE = re.compile(r"\b(docs/[\w-]+\.md)(?:, \"?([A-Z][\w /-]*?)\"?[).;:\n])?")
+SOURCES = [p for folder in ("trainer", "deploy", "infra", "workloads", "facts", "policy", "tests")
+           for p in sorted((REPO / folder).rglob("*.py")) if p.name != "test_readme.py"] + sorted(REPO.glob("Pulumi.*.yaml"))
+
+
+def test_every_docs_page_and_section_the_code_names_exists():
+    """Messages, help and docstrings that send a reader to `docs/PAGE.md, Section` name a page and a heading there."""
+    named = [(path, page, section) for path in SOURCES for page, section in NAMED_PAGE.findall(path.read_text())]
+    assert named, "no source names a docs page"
+    wrong = []
+    for path, page, section in named:
+        where = path.relative_to(REPO).as_posix()
+        if not (REPO / page).is_file():
+            wrong.append(f"{where}: {page} does not exist")
+        elif section and not any(h == section or h.startswith(section + " ")
+                                 for h in HEADING.findall(FENCE.sub("", (REPO / page).read_text()))):
+            wrong.append(f"{where}: {page} has no heading {section!r}")
+    assert wrong == []
