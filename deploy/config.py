@@ -2,7 +2,7 @@
 
 Every setting of a stack (Pulumi.<stack>.yaml, or `pulumi config set`) is declared here once,
 with its default, its check and its help; the parser, the offline stack-file reader, the
-did-you-mean hints and the README's configuration tables (`python -m deploy.config`) all derive
+did-you-mean hints and the configuration tables of docs/configuration.md (`python -m deploy.config`) all derive
 from these declarations. Problems are collected and reported together, each naming the key, the
 bad value, why it is wrong and how to fix it, so a user fixes a stack file in one pass instead of
 one `pulumi up` per mistake.
@@ -144,10 +144,10 @@ class StackConfig:
 
 @dataclass(frozen=True)
 class Setting:
-    """One stack key (or one key of a node pool): its default, its check, and its README row.
+    """One stack key (or one key of a node pool): its default, its check, and its docs/configuration.md row.
 
     `parse(key, value, problems)` returns the checked value, or None after adding a problem;
-    `shown_default` is the README's default column where the default is not a plain value.
+    `shown_default` is the table's default column where the default is not a plain value.
     """
 
     name: str
@@ -651,7 +651,7 @@ def load(raw: Mapping[str, Any], *, stack: str, project: str = PROJECT) -> Stack
         for name in SHORTHAND_KEYS:
             if ours.get(name) is not None:
                 problems.append(f"{prefix}{name}: the shorthand of the default pools, but {prefix}nodePools is set; "
-                                "give the setting to the pool in nodePools instead (see the README, Node pools)")
+                                "give the setting to the pool in nodePools instead (see docs/configuration.md, Node pools)")
         node_pools = _declared_pools(values["nodePools"] or {}, prefix, problems)
     else:
         node_pools = _shorthand_pools(values, ours, prefix, problems)
@@ -936,14 +936,14 @@ def from_pulumi() -> StackConfig:
     return load(normalized, stack=pulumi.get_stack(), project=pulumi.get_project())
 
 
-# --- the README's tables ------------------------------------------------------------------------------
+# --- the tables of docs/configuration.md --------------------------------------------------------------
 
 def _row(cells: tuple[str, str, str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
 def markdown_tables() -> dict[str, str]:
-    """The configuration tables of the README, from the declarations: `stack` and `nodePools`."""
+    """The configuration tables of docs/configuration.md, from the declarations: `stack` and `nodePools`."""
     header = ("| key | default | meaning |", "|---|---|---|")
     stack = [_row((f"`{REGION_ROW[0]}`", *REGION_ROW[1:]))]
     stack += [_row((f"`{s.name}`", s.default_text(), s.help)) for s in KEYS.values()]
@@ -952,7 +952,7 @@ def markdown_tables() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m deploy.config`: print the README's configuration tables (a test keeps the README equal)."""
+    """`python -m deploy.config`: print the configuration tables (a test keeps docs/configuration.md equal)."""
     for name, table in markdown_tables().items():
         print(f"<!-- {name} table: python -m deploy.config -->\n{table}\n")
     return 0

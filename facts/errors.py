@@ -6,7 +6,8 @@ several parts (a stack file, a set of flags), every problem is collected first a
 each naming the key, the value, why it is wrong and how to fix it, so one pass fixes them all.
 
 Every command of the project (`python -m deploy.plan`, `python -m trainer <command>`) exits with
-a code of EXIT_CODES, and no code means two things (`python -m facts.errors` prints the README's table).
+a code of EXIT_CODES, and no code means two things (`python -m facts.errors` prints the table of
+docs/troubleshooting.md, Exit codes).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ EXIT_NO_PROOF = 4  # the NCCL logs prove neither EFA nor a fallback
 EXIT_SOCKETS = 5  # NCCL fell back to TCP sockets
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as shells report it)
 
-# code -> (meaning, the commands that exit with it): the README's exit-code table
+# code -> (meaning, the commands that exit with it): the exit-code table of docs/troubleshooting.md
 EXIT_CODES: dict[int, tuple[str, str]] = {
     EXIT_OK: ("succeeded (`efa-check`: EFA on every node with network traffic)", "every command"),
     EXIT_FAILED: ("the work ran and failed: training, a submitted run, a benchmark setup", "`train`, `local`, "
@@ -131,7 +132,7 @@ def run(main: Callable[[Sequence[str]], int | None], argv: Sequence[str] | None 
 
 
 def markdown_table() -> str:
-    """The README's exit-code table."""
+    """The exit-code table of docs/troubleshooting.md."""
     rows = [f"| {code} | {meaning} | {commands} |" for code, (meaning, commands) in EXIT_CODES.items()]
     return "\n".join(["| code | meaning | commands |", "|---|---|---|", *rows])
 

@@ -1,4 +1,4 @@
-"""The layering the README's Layout describes, read from the imports themselves.
+"""The layering docs/architecture.md's Layout describes, read from the imports themselves.
 
 facts is the standard library's only dependant that everyone else may import; infra (AWS) and
 workloads (Kubernetes) never import each other, nor the composition root (deploy) above them;

@@ -1,6 +1,6 @@
 """Upstream artifacts the tests check against: the KubeRay CRD, the pinned Helm charts and a real helm.
 
-    python -m tests.upstream fetch      # once, before pytest (CI runs it; see README, CI)
+    python -m tests.upstream fetch      # once, before pytest (CI runs it; see docs/deploying.md, CI)
 
 Everything is pinned by version, and by sha256 where one is published or derivable from the
 upstream source: the CRD's sha256 is that of the file at KubeRay's tag v1.7.0; the NVIDIA and

@@ -1,7 +1,8 @@
 """`python -m trainer <command>` and the `trainer` console script: the one entry point of every command.
 
 Each command's module is imported only when it runs, and every command runs through the one
-wrapper of facts.errors: a user error prints as `error: ...` and exits with its code (README, Exit codes).
+wrapper of facts.errors: a user error prints as `error: ...` and exits with its code
+(docs/troubleshooting.md, Exit codes).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ COMMANDS: dict[str, Command] = {
     "nccl-bench": Command("trainer.submit.cli", "bench_main", "all-reduce bandwidth across every worker, as a Ray job"),
     "bench": Command("trainer.bench", "main", "throughput benchmarks: the step against transformers' Trainer, "
                                               "padding, communication, Ray against torchrun"),
-    "flags": Command("trainer.config.flags", "main", "print the README's table of training flags"),
+    "flags": Command("trainer.config.flags", "main", "print the table of training flags (docs/training.md)"),
     "nccl-bench-job": Command("trainer.efa.nccl_bench", "main", "the nccl-bench job on the cluster", listed=False),
 }
 

@@ -11,7 +11,7 @@ from deploy import offline, program
 from deploy.config import ConfigError, load
 from infra import cost
 from policy import model, rules
-from tests.examples import readme_stack
+from tests.examples import documented_stack
 from tests.stacks import read_stack_file
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,7 +30,7 @@ def recorded(result: offline.PlanResult) -> dict:
 
 @pytest.fixture(scope="module")
 def pools_run() -> offline.PlanResult:
-    return offline.run(readme_stack("pools"), stack="pools")
+    return offline.run(documented_stack("pools"), stack="pools")
 
 
 # --- the shorthand -------------------------------------------------------------------------------------
@@ -70,9 +70,9 @@ def test_a_stack_written_before_node_pools_keeps_every_urn():
         assert not missing, f"{variant}: {missing}"
 
 
-# --- a second GPU type and a CPU pool: the README's example --------------------------------------------
+# --- a second GPU type and a CPU pool: the example of docs/configuration.md ----------------------------
 
-def test_the_readme_example_plans_four_node_groups(pools_run):
+def test_the_documented_example_plans_four_node_groups(pools_run):
     groups = {r.name: r.inputs for r in pools_run.of_type(NODE_GROUP)}
     assert {n: g["instanceTypes"] for n, g in groups.items()} == {
         "system-ng": ["m7i.xlarge"], "gpu-ng": ["g6.12xlarge"], "l40s-ng": ["g6e.12xlarge"], "data-ng": ["m7i.4xlarge"]}

@@ -51,6 +51,6 @@ def test_every_cpu_row_is_complete(name):
     assert any("pricing" in s for s in row.sources)
 
 
-def test_the_types_the_shipped_stacks_and_the_readme_use_are_there():
+def test_the_types_the_shipped_stacks_and_the_docs_use_are_there():
     assert {"g6.12xlarge", "g6e.12xlarge", "p5.48xlarge"} <= set(catalog.GPU_TYPES)
     assert {"m7i.xlarge", "m7i.4xlarge"} <= set(catalog.CPU_TYPES)

@@ -1,4 +1,4 @@
-"""TensorBoard reads a run folder on s3:// (the README's `tensorboard --logdir s3://...`), against moto's S3.
+"""TensorBoard reads a run folder on s3:// (docs/training.md's `tensorboard --logdir s3://...`), against moto's S3.
 
 Without TensorFlow, TensorBoard's file layer reads s3:// with boto3 (in requirements-trainer.txt);
 its fast Rust loader handles only local and gs:// folders, so for s3:// it uses this Python

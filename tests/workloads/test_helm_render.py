@@ -1,6 +1,6 @@
 """The Helm releases as Helm runs them: each pinned chart archive rendered by a real `helm template` with
 exactly the values the program hands to Helm, for every shipped stack, for scaleToZero, and for the
-README's node-pools example (a second GPU type and a CPU pool).
+node-pools example of docs/configuration.md (a second GPU type and a CPU pool).
 
 Assertions are on the rendered objects, read the way the scheduler reads them: a pod runs on a
 node only if its nodeSelector and required node affinity match the node's labels and its
@@ -19,7 +19,7 @@ import yaml
 from deploy import config, offline
 from facts import images as image_references
 from tests import upstream
-from tests.examples import readme_stack
+from tests.examples import documented_stack
 from workloads import charts
 
 from .conftest import StackRun, run_stack, stack_config
@@ -33,7 +33,7 @@ ARCHIVES = {
     "cluster-autoscaler": "cluster-autoscaler-9.59.0.tgz",
 }
 STACKS = {"dev": {}, "p5": {}, "dev-scaleToZero": {"raytrain-eks:scaleToZero": True},
-          "p5-scaleToZero": {"raytrain-eks:scaleToZero": True}, "pools": None}  # pools: the README's example
+          "p5-scaleToZero": {"raytrain-eks:scaleToZero": True}, "pools": None}  # pools: docs/configuration.md's example
 
 
 @dataclass(frozen=True)
@@ -85,8 +85,8 @@ def render_stack(variant: str, tmp_path_factory) -> Rendered:
     if variant not in _RENDERS:
         stack = variant.split("-")[0]
         if STACKS[variant] is None:
-            run = StackRun(offline.run(readme_stack(variant), stack=variant))
-            cfg = config.load(readme_stack(variant), stack=variant)
+            run = StackRun(offline.run(documented_stack(variant), stack=variant))
+            cfg = config.load(documented_stack(variant), stack=variant)
         else:
             run = run_stack(stack, **STACKS[variant])
             cfg = stack_config(stack, **{k.split(":")[1]: v for k, v in STACKS[variant].items()})

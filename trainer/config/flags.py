@@ -4,7 +4,8 @@ Each field of TrainConfig is a training flag: its type, its default, and (throug
 help, its check, its choices, the TRL/transformers YAML keys that set it, the names users bring
 from elsewhere and whether a resume may change it. The argparse flags and the YAML reader
 (trainer.config.load, with trainer.config.trl's key mapping), the "did you mean" hints and the
-table of training flags (`python -m trainer flags`) all derive from these declarations.
+table of training flags in docs/training.md (`python -m trainer flags`) all derive from these
+declarations.
 
 `validate` collects every problem (facts.errors.Problems) and raises them together as one
 ConfigError naming each flag, so a user fixes a job in one pass instead of one cluster
@@ -53,7 +54,7 @@ class Flag:
     trl: tuple[str, ...] = ()          # TRL SFTConfig / TrainingArguments keys that set it (trainer.config.trl)
     aliases: tuple[str, ...] = ()      # names from elsewhere that mean it, for "did you mean"
     result: bool = True                # changes what the run computes: a resume must keep it
-    shown_default: str | None = None   # the README's default where the value itself says too little
+    shown_default: str | None = None   # the table's default where the value itself says too little
 
 
 def setting(default: Any, help: str, **flag: Any) -> Any:
@@ -412,7 +413,7 @@ def _across(cfg: TrainConfig, bad: set[str], add: Callable[[str, str], None], pr
         problems.append(f"{flag('warmup_steps')} = {cfg.warmup_steps} must be below {flag('steps')} = {cfg.steps}")
 
 
-# --- the README's table -------------------------------------------------------------------------
+# --- the table of docs/training.md ---------------------------------------------------------------
 
 def _default_text(name: str) -> str:
     if FLAGS[name].shown_default is not None:
@@ -428,7 +429,7 @@ def _keys(keys: Sequence[str]) -> str:
 
 
 def markdown_table() -> str:
-    """The README's table of training flags, from the declarations (`python -m trainer flags`)."""
+    """The table of training flags in docs/training.md, from the declarations (`python -m trainer flags`)."""
     rows = ["| flag (YAML key) | default | TRL / transformers key | a resume may change it | meaning |",
             "|---|---|---|---|---|"]
     for name, arg in EXTRA_ARGUMENTS.items():
@@ -441,7 +442,7 @@ def markdown_table() -> str:
 
 
 def main(argv: Sequence[str]) -> int:
-    """`python -m trainer flags`: print the README's table of training flags (a test keeps the README equal)."""
+    """`python -m trainer flags`: print the table of training flags (a test keeps docs/training.md equal)."""
     argparse.ArgumentParser(prog="python -m trainer flags", description=main.__doc__).parse_args(list(argv))
     print(f"<!-- training flags table: python -m trainer flags -->\n{markdown_table()}")
     return 0

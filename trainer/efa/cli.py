@@ -1,4 +1,5 @@
-"""`python -m trainer efa-check LOGFILE...`: one verdict per node, and the exit code (README, Exit codes)."""
+"""`python -m trainer efa-check LOGFILE...`: one verdict per node, and the exit code
+(docs/troubleshooting.md, Exit codes)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ SHM_ONLY (one-node communicators: P2P/SHM inside the node, no network at all),
 UNKNOWN (no NCCL transport line). A bare "NET/Socket : Using [0]eth0" line is not a
 fallback: NCCL prints it even when aws-ofi-nccl is selected.
 
-exit codes (the README's table, `python -m facts.errors`):
+exit codes (docs/troubleshooting.md, Exit codes; `python -m facts.errors`):
   0  EFA on every node that shows network traffic
   5  a fallback to sockets on at least one node (that node is named)
   4  no proof either way: no NCCL transport line, or single-node (SHM_ONLY) logs only,

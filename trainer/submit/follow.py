@@ -1,4 +1,5 @@
-"""Following a job: its log streamed until it ends, and its status as the exit code (README, Exit codes)."""
+"""Following a job: its log streamed until it ends, and its status as the exit code
+(docs/troubleshooting.md, Exit codes)."""
 
 from __future__ import annotations
 
