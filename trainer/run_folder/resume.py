@@ -113,7 +113,7 @@ def recorded(run_storage) -> dict | None:
     try:
         if not run_storage.exists(RUN_RECORD):
             return None
-        has_state = any(ckpt.step_of(n) is not None or n == EXPORT_DIR for n in run_storage.list_dirs())
+        has_state = bool(ckpt.names(run_storage)) or run_storage.is_dir(EXPORT_DIR)
         record = json.loads(run_storage.read_text(RUN_RECORD)) if has_state else None
     except (OSError, ValueError):
         return None
