@@ -279,6 +279,70 @@ def test_default_run_names_of_a_sweep_differ_and_the_same_command_keeps_its_name
     assert len(same) == 1, same
 
 
+def _with_a_newer_flag():
+    """TrainConfig plus a result flag declared after a run started (a newer trainer's)."""
+    import dataclasses
+
+    from trainer.config.flags import setting
+
+    return dataclasses.make_dataclass("NewerConfig", [("adam_gamma", float, setting(0.5, "a flag added later"))],
+                                      bases=(TrainConfig,), frozen=True)
+
+
+def test_a_flag_added_at_its_default_keeps_default_run_names_and_a_set_one_changes_them():
+    """The digest covers the result settings the user changed, so an upgrade that adds a flag renames no run."""
+    newer = _with_a_newer_flag()
+    for given in ({}, {"lr": 2e-5, "overlong": "drop"}):
+        old = TrainConfig(model="Qwen/Qwen2.5-1.5B", dataset="d.jsonl", **given)
+        assert newer(model="Qwen/Qwen2.5-1.5B", dataset="d.jsonl", **given).resolved_run_name == \
+            old.resolved_run_name
+        assert newer(model="Qwen/Qwen2.5-1.5B", dataset="d.jsonl", adam_gamma=0.5, **given).resolved_run_name == \
+            old.resolved_run_name  # the default, passed explicitly
+        changed = newer(model="Qwen/Qwen2.5-1.5B", dataset="d.jsonl", adam_gamma=0.25, **given)
+        assert changed.resolved_run_name != old.resolved_run_name
+        assert changed.resolved_run_name.startswith("Qwen2.5-1.5B-d-seq2048-gb64-seed0-")  # still readable
+    assert newer.result_defaults()["adam_gamma"] == 0.5 and "adam_gamma" not in TrainConfig.result_defaults()
+    # passing a default explicitly is not a change either, flag or YAML
+    assert parse(BASE + ["--lr", "1e-5", "--seq-len", "2048"]).resolved_run_name == parse(BASE).resolved_run_name
+    assert parse(BASE).changed_result_settings == {"model": "m", "dataset": "d.jsonl"}
+
+
+def test_an_old_run_folder_resumes_after_a_flag_is_added_at_its_default(tmp_path):
+    """run.json written before a flag existed lacks it: it was its default then, so only a change is refused."""
+    import dataclasses
+    import json
+
+    from trainer.run_folder import checkpoint as ckpt
+    from trainer.run_folder import resume
+    from trainer.run_folder.record import RUN_RECORD
+    from trainer.storage import Storage
+
+    newer = _with_a_newer_flag()
+    where = {"model": "m", "dataset": "d.jsonl", "lr": 2e-5, "storage_path": str(tmp_path)}
+    old = TrainConfig(**where)
+    run = tmp_path / old.resolved_run_name
+    (run / ckpt.dir_name(2)).mkdir(parents=True)
+    recorded = resume.inputs(old, data=None, tokenizer=None, model=None)
+    (run / RUN_RECORD).write_text(json.dumps({"run_name": run.name, "inputs": recorded}))
+    assert "adam_gamma" not in recorded["settings"]
+
+    def check(cfg):
+        return resume.check(cfg, resume.inputs(cfg, data=None, tokenizer=None, model=None), Storage.from_uri(str(run)))
+
+    now = newer(**where)
+    assert now.run_uri == str(run) and check(now) == []
+    assert check(newer(**where, adam_gamma=0.5)) == []
+    with pytest.raises(ConfigError, match=r"--adam-gamma: not set then, 0.25 now"):
+        check(newer(**where, adam_gamma=0.25))
+    with pytest.raises(ConfigError, match=r"--lr: 2e-05 then, 3e-05 now"):
+        check(dataclasses.replace(now, lr=3e-5))
+    # a record of the older layout (its whole config, no inputs) is read the same way
+    (run / RUN_RECORD).write_text(json.dumps({"run_name": run.name, "config": old.to_dict()}))
+    assert check(now) == []
+    with pytest.raises(ConfigError, match=r"--adam-gamma: not set then, 0.25 now"):
+        check(newer(**where, adam_gamma=0.25))
+
+
 def test_every_declared_trl_key_is_a_real_trl_field_and_sets_its_flag(tmp_path):
     """The TRL column of the flags table is read from the declarations; each key must exist upstream
     (`trl sft` reads ScriptArguments, SFTConfig and ModelConfig; max_seq_length is SFTConfig's old name)."""

@@ -189,7 +189,7 @@ class TrainConfig:
     run_name: str | None = setting(None, "run name (folder under --storage-path); resubmitting the same name resumes",
                                    check=_run_name, trl=("run_name",), result=False,
                                    shown_default="from the model, data and a digest of the settings that change "
-                                                 "the result")
+                                                 "the result and differ from their default")
     num_workers: int = setting(2, "number of training workers (one per GPU, or CPU processes)", check=at_least(1),
                                aliases=("workers", "gpus"), result=False,
                                shown_default="`2`; `submit --stack`: every GPU of the stack")
@@ -259,8 +259,9 @@ class TrainConfig:
     def resolved_run_name(self) -> str:
         """The run's name: the Ray run name and the storage sub-folder (resubmitting resumes).
 
-        The default ends in a digest of every setting that changes the result, so runs of a sweep
-        (another --lr, batch or seed) never share a folder, and the same command resumes its own.
+        The default ends in a digest of the settings that change the result and differ from their
+        default, so runs of a sweep (another --lr, batch or seed) never share a folder, the same
+        command resumes its own, and a flag added later (at its default) renames no run.
         """
         if self.run_name:
             return self.run_name
@@ -268,14 +269,29 @@ class TrainConfig:
                  f"seed{self.seed}"]
         return "-".join([*(p for p in parts if p), self.result_digest])[:128]
 
+    @classmethod
+    def result_defaults(cls) -> dict[str, Any]:
+        """The declared default of each setting that changes the result, from this class's own fields
+        (a subclass's or a newer flag's included), for comparing with a record that predates one."""
+        return {f.name: declared_default(f) for f in fields(cls) if f.metadata["flag"].result}
+
     @property
     def result_settings(self) -> dict[str, Any]:
         """The settings that change what the run computes (a resume must keep them)."""
-        return {k: v for k, v in self.to_dict().items() if FLAGS[k].result}
+        values = self.to_dict()
+        return {name: values[name] for name in self.result_defaults()}
+
+    @property
+    def changed_result_settings(self) -> dict[str, Any]:
+        """The result settings whose value is not their declared default: what the user chose."""
+        defaults = self.result_defaults()
+        return {k: v for k, v in self.result_settings.items() if v != defaults[k]}
 
     @property
     def result_digest(self) -> str:
-        return hashlib.sha256(json.dumps(self.result_settings, sort_keys=True, default=str).encode()).hexdigest()[:8]
+        """A digest of changed_result_settings: the same for every default, present or future."""
+        text = json.dumps(self.changed_result_settings, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:8]
 
     @property
     def resolved_cache_dir(self) -> str:
@@ -317,6 +333,11 @@ EXTRA_ARGUMENTS = {
     "out": Argument("DIR", "run folder (local or s3://): sets --storage-path to its parent and --run-name to its "
                            "name", trl=("output_dir",)),
 }
+
+
+def declared_default(f: dataclasses.Field) -> Any:
+    """A field's default as declared (its default_factory's value when it has one)."""
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
 
 
 def flag(name: str) -> str:
