@@ -259,6 +259,29 @@ def test_trl_keys_that_do_not_apply_are_refused_each_with_its_reason(tmp_path):
     assert len(e.value.problems) == len(reasons)
 
 
+def test_adamw_betas_and_epsilon_are_flags_trl_keys_and_result_settings(tmp_path):
+    """Declared once in TrainConfig: flags, TRL/transformers keys (no longer refused), checks, run name."""
+    from trainer.config.trl import training_arguments
+
+    cfg = parse(BASE + ["--adam-beta1", "0.8", "--adam-beta2", "0.99", "--adam-epsilon", "1e-6"])
+    assert (cfg.adam_beta1, cfg.adam_beta2, cfg.adam_epsilon) == (0.8, 0.99, 1e-6)
+    f = tmp_path / "sft.yaml"
+    f.write_text("adam_beta1: 0.85\nadam_beta2: 0.98\nadam_epsilon: 1.0e-7\n")
+    cfg = parse(["--config", str(f), *BASE])
+    assert (cfg.adam_beta1, cfg.adam_beta2, cfg.adam_epsilon) == (0.85, 0.98, 1e-7)
+    assert training_arguments(cfg, ["adam_beta2", "lr"]) == {"adam_beta2": 0.98, "learning_rate": 1e-5}
+    with pytest.raises(ValueError, match="steps: no TRL/transformers key of the same meaning and unit"):
+        training_arguments(cfg, ["steps"])  # max_steps is translated with its own rules
+    assert parse(BASE + ["--adam-beta2", "0.98"]).resolved_run_name != parse(BASE).resolved_run_name
+    with pytest.raises(ConfigError) as e:
+        parse(BASE + ["--adam-beta1", "1", "--adam-beta2", "-0.1", "--adam-epsilon", "0"])
+    msg = str(e.value)
+    for needle in ("--adam-beta1 (adam_beta1) = 1.0: must be at least 0 and below 1",
+                   "--adam-beta2 (adam_beta2) = -0.1: must be at least 0 and below 1",
+                   "--adam-epsilon (adam_epsilon) = 0.0: must be positive"):
+        assert needle in msg, (needle, msg)
+
+
 def test_a_key_given_under_both_names_is_a_conflict(tmp_path):
     f = tmp_path / "sft.yaml"
     f.write_text("learning_rate: 1.0e-4\nlr: 2.0e-4\n")

@@ -73,6 +73,10 @@ def positive(v: Any) -> str | None:
     return None if v is None or v > 0 else "must be positive"
 
 
+def _beta(v: Any) -> str | None:
+    return None if 0.0 <= v < 1.0 else "must be at least 0 and below 1 (a moment's decay per step, e.g. 0.9 or 0.95)"
+
+
 def required(what: str) -> Check:
     return lambda v: None if v else f"required; pass {what}"
 
@@ -168,6 +172,12 @@ class TrainConfig:
     schedule: str = setting("cosine", "learning-rate schedule after warm-up", choices=("cosine", "linear", "constant"),
                             trl=("lr_scheduler_type",), aliases=("scheduler",))
     weight_decay: float = setting(0.0, "AdamW weight decay", check=not_negative, trl=("weight_decay",))
+    adam_beta1: float = setting(0.9, "AdamW's decay of the gradient's running mean (beta1)", check=_beta,
+                                trl=("adam_beta1",))
+    adam_beta2: float = setting(0.95, "AdamW's decay of the squared gradient's running mean (beta2)", check=_beta,
+                                trl=("adam_beta2",))
+    adam_epsilon: float = setting(1e-8, "AdamW's epsilon, added to the root of the squared-gradient mean",
+                                  check=positive, trl=("adam_epsilon",))
     grad_clip: float = setting(1.0, "clip the global gradient norm to this value (0 disables)",
                                check=lambda v: None if v >= 0 else "must be 0 (off) or positive",
                                trl=("max_grad_norm",), aliases=("clip_grad",))
