@@ -85,11 +85,12 @@ def started_run(extra: tuple[str, ...] = (), data_edit: Callable[[Path], None] |
     def setup(sweep: Sweep, d: Path) -> None:
         from trainer.config.load import parse
         from trainer.jobs import launch
+        from trainer.run_folder import checkpoint as ckpt
 
         shutil.copy(sweep.data, d / "train.jsonl")
         argv = [*sweep.base(d / "run"), "--dataset", str(d / "train.jsonl")]
         info = launch.preflight(parse(argv))
-        (d / "run" / "checkpoint_00000004").mkdir(parents=True)
+        (d / "run" / ckpt.dir_name(4)).mkdir(parents=True)
         (d / "run" / "run.json").write_text(json.dumps({"run_name": "run", "inputs": info["inputs"]}))
         if data_edit:
             data_edit(d / "train.jsonl")

@@ -249,6 +249,7 @@ def test_trains_and_exports_under_ray(ray_runs, arch_model, name, tied):
     from transformers import AutoModelForCausalLM
 
     from trainer.loop.metrics import read_metrics
+    from trainer.run_folder import checkpoint as ckpt
 
     from .reference_runs import checkpoint_state
 
@@ -257,7 +258,7 @@ def test_trains_and_exports_under_ray(ray_runs, arch_model, name, tied):
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert all(r["grad_norm"] > 0 for r in rows) and rows[-1]["loss"] < rows[0]["loss"], rows
     exported = AutoModelForCausalLM.from_pretrained(run / "model")
-    trained = checkpoint_state(run / "checkpoint_00000004")["model"]
+    trained = checkpoint_state(run / ckpt.dir_name(4))["model"]
     state = exported.state_dict()
     for key, value in trained.items():
         if tied and key == "lm_head.weight":

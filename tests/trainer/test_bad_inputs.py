@@ -13,6 +13,7 @@ import pytest
 
 from trainer.__main__ import main as trainer
 from trainer.jobs import launch
+from trainer.run_folder import checkpoint as ckpt
 
 
 @pytest.fixture(autouse=True)
@@ -182,7 +183,7 @@ def _started_run(inputs, out, *extra) -> dict:
     from trainer.config.load import parse
 
     info = launch.preflight(parse(_job_argv(inputs, out, *extra)))
-    (out / "checkpoint_00000002").mkdir(parents=True)
+    (out / ckpt.dir_name(2)).mkdir(parents=True)
     (out / "run.json").write_text(json.dumps({"run_name": out.name, "inputs": info["inputs"]}))
     return info
 

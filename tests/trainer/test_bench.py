@@ -87,6 +87,22 @@ def test_bad_options_are_named_with_the_fix(capsys):
     assert "error: --instance-type: instance type 'g9.huge': unknown; use one of" in capsys.readouterr().err
 
 
+def test_the_baseline_steps_with_the_trainers_declared_optimizer_settings(tmp_path):
+    """transformers' Trainer gets the trainer's learning rate, decay, betas, epsilon, clipping and seed (its own
+    default beta2 is 0.999), through each flag's declared TrainingArguments key."""
+    from transformers import TrainingArguments
+
+    from trainer.bench import setups
+    from trainer.config.flags import TrainConfig
+
+    args = TrainingArguments(output_dir=str(tmp_path), **setups.baseline_optimizer_arguments())
+    ours = TrainConfig()
+    assert (args.learning_rate, args.weight_decay, args.adam_beta1, args.adam_beta2, args.adam_epsilon,
+            args.max_grad_norm, args.seed) == (ours.lr, ours.weight_decay, ours.adam_beta1, ours.adam_beta2,
+                                               ours.adam_epsilon, ours.grad_clip, ours.seed)
+    assert args.adam_beta2 == 0.95 != TrainingArguments(output_dir=str(tmp_path)).adam_beta2
+
+
 def test_the_instruction_dataset_is_deterministic_with_a_long_tail():
     a = instruction_lengths(2000, 2048, seed=0)
     assert a == instruction_lengths(2000, 2048, seed=0) and a != instruction_lengths(2000, 2048, seed=1)

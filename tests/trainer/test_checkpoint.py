@@ -34,17 +34,27 @@ def test_storage_round_trips_files_and_lists_folders(tmp_path):
     assert not store.exists("a") and store.is_dir("c")
 
 
+def test_names_are_a_run_folders_checkpoint_folders_oldest_first(tmp_path):
+    """What the demo's summary and the tests list: checkpoint folders only, never Ray's snapshot or the export."""
+    run = tmp_path / "run"
+    for name in (ckpt.dir_name(10), ckpt.dir_name(2), "model", "tensorboard", ckpt.PREFIX + "tmp"):
+        (run / name).mkdir(parents=True)
+    (run / ckpt.RAY_SNAPSHOT).write_text("{}")
+    assert ckpt.names(run) == [ckpt.dir_name(2), ckpt.dir_name(10)] == ckpt.names(Storage.from_uri(str(run)))
+    assert ckpt.names(tmp_path / "no-run-yet") == []
+
+
 def test_folders_without_the_completion_marker_are_never_resumed(tmp_path):
     store = Storage.from_uri(str(tmp_path))
     for step in (5, 10):
         store.write_text("{}", ckpt.dir_name(step), ckpt.TRAIN_STATE)
     store.write_text(json.dumps({"step": 5}), ckpt.dir_name(5), ckpt.MARKER)
-    store.write_text("junk", "checkpoint_manager_snapshot.json")
-    assert ckpt.resume_point(store) == "checkpoint_00000005"
+    store.write_text("junk", ckpt.RAY_SNAPSHOT)
+    assert ckpt.resume_point(store) == ckpt.dir_name(5)
     # even when Ray reports the incomplete one as its latest checkpoint
-    assert ckpt.resume_point(store, preferred=store.path("checkpoint_00000010")) == "checkpoint_00000005"
+    assert ckpt.resume_point(store, preferred=store.path(ckpt.dir_name(10))) == ckpt.dir_name(5)
     store.write_text("{}", ckpt.dir_name(10), ckpt.MARKER)
-    assert ckpt.resume_point(store) == "checkpoint_00000010"
+    assert ckpt.resume_point(store) == ckpt.dir_name(10)
     assert ckpt.resume_point(Storage.from_uri(str(tmp_path / "empty"))) is None
 
 
@@ -76,7 +86,7 @@ def test_save_then_load_restores_model_optimizer_schedule_and_rng(process_group,
     path = ckpt.save(store, 3, model, opt, sched, data.position(3, 4))
     expected_rng = (torch.rand(1), random.random(), np.random.rand())
     lr_at_save = opt.param_groups[0]["lr"]
-    assert path.endswith("checkpoint_00000003") and ckpt.is_complete(store, "checkpoint_00000003")
+    assert path.endswith(ckpt.dir_name(3)) and ckpt.is_complete(store, ckpt.dir_name(3))
     continued = [float(train_step(model, opt, sched, batches(s), device=torch.device("cpu"), collectives=ONE_PROCESS).loss)
                  for s in (3, 4)]
 
@@ -137,7 +147,7 @@ def test_a_same_size_corruption_falls_back_to_the_previous_checkpoint_with_a_log
     assert ckpt.is_complete(store, ckpt.dir_name(2))
     with caplog.at_level("WARNING", logger=ckpt.log.name):
         assert ckpt.resume_point(store, preferred=store.path(ckpt.dir_name(2))) == ckpt.dir_name(1)
-    assert "checkpoint_00000002: content differs from what was written (__0_0.distcp: sha256" in caplog.text
+    assert f"{ckpt.dir_name(2)}: content differs from what was written (__0_0.distcp: sha256" in caplog.text
     assert "resuming from the previous complete checkpoint instead" in caplog.text
 
 

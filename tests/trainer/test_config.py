@@ -259,6 +259,29 @@ def test_trl_keys_that_do_not_apply_are_refused_each_with_its_reason(tmp_path):
     assert len(e.value.problems) == len(reasons)
 
 
+def test_adamw_betas_and_epsilon_are_flags_trl_keys_and_result_settings(tmp_path):
+    """Declared once in TrainConfig: flags, TRL/transformers keys (no longer refused), checks, run name."""
+    from trainer.config.trl import training_arguments
+
+    cfg = parse(BASE + ["--adam-beta1", "0.8", "--adam-beta2", "0.99", "--adam-epsilon", "1e-6"])
+    assert (cfg.adam_beta1, cfg.adam_beta2, cfg.adam_epsilon) == (0.8, 0.99, 1e-6)
+    f = tmp_path / "sft.yaml"
+    f.write_text("adam_beta1: 0.85\nadam_beta2: 0.98\nadam_epsilon: 1.0e-7\n")
+    cfg = parse(["--config", str(f), *BASE])
+    assert (cfg.adam_beta1, cfg.adam_beta2, cfg.adam_epsilon) == (0.85, 0.98, 1e-7)
+    assert training_arguments(cfg, ["adam_beta2", "lr"]) == {"adam_beta2": 0.98, "learning_rate": 1e-5}
+    with pytest.raises(ValueError, match="steps: no TRL/transformers key of the same meaning and unit"):
+        training_arguments(cfg, ["steps"])  # max_steps is translated with its own rules
+    assert parse(BASE + ["--adam-beta2", "0.98"]).resolved_run_name != parse(BASE).resolved_run_name
+    with pytest.raises(ConfigError) as e:
+        parse(BASE + ["--adam-beta1", "1", "--adam-beta2", "-0.1", "--adam-epsilon", "0"])
+    msg = str(e.value)
+    for needle in ("--adam-beta1 (adam_beta1) = 1.0: must be at least 0 and below 1",
+                   "--adam-beta2 (adam_beta2) = -0.1: must be at least 0 and below 1",
+                   "--adam-epsilon (adam_epsilon) = 0.0: must be positive"):
+        assert needle in msg, (needle, msg)
+
+
 def test_a_key_given_under_both_names_is_a_conflict(tmp_path):
     f = tmp_path / "sft.yaml"
     f.write_text("learning_rate: 1.0e-4\nlr: 2.0e-4\n")
@@ -277,6 +300,70 @@ def test_default_run_names_of_a_sweep_differ_and_the_same_command_keeps_its_name
             ([], ["--log-every", "1"], ["--max-failures", "3"], ["--num-workers", "4", "--global-batch-size", "64"],
              ["--no-progress"], ["--num-to-keep", "5"], ["--resume-anyway"])}
     assert len(same) == 1, same
+
+
+def _with_a_newer_flag():
+    """TrainConfig plus a result flag declared after a run started (a newer trainer's)."""
+    import dataclasses
+
+    from trainer.config.flags import setting
+
+    return dataclasses.make_dataclass("NewerConfig", [("adam_gamma", float, setting(0.5, "a flag added later"))],
+                                      bases=(TrainConfig,), frozen=True)
+
+
+def test_a_flag_added_at_its_default_keeps_default_run_names_and_a_set_one_changes_them():
+    """The digest covers the result settings the user changed, so an upgrade that adds a flag renames no run."""
+    newer = _with_a_newer_flag()
+    for given in ({}, {"lr": 2e-5, "overlong": "drop"}):
+        old = TrainConfig(model="Qwen/Qwen2.5-1.5B", dataset="d.jsonl", **given)
+        assert newer(model="Qwen/Qwen2.5-1.5B", dataset="d.jsonl", **given).resolved_run_name == \
+            old.resolved_run_name
+        assert newer(model="Qwen/Qwen2.5-1.5B", dataset="d.jsonl", adam_gamma=0.5, **given).resolved_run_name == \
+            old.resolved_run_name  # the default, passed explicitly
+        changed = newer(model="Qwen/Qwen2.5-1.5B", dataset="d.jsonl", adam_gamma=0.25, **given)
+        assert changed.resolved_run_name != old.resolved_run_name
+        assert changed.resolved_run_name.startswith("Qwen2.5-1.5B-d-seq2048-gb64-seed0-")  # still readable
+    assert newer.result_defaults()["adam_gamma"] == 0.5 and "adam_gamma" not in TrainConfig.result_defaults()
+    # passing a default explicitly is not a change either, flag or YAML
+    assert parse(BASE + ["--lr", "1e-5", "--seq-len", "2048"]).resolved_run_name == parse(BASE).resolved_run_name
+    assert parse(BASE).changed_result_settings == {"model": "m", "dataset": "d.jsonl"}
+
+
+def test_an_old_run_folder_resumes_after_a_flag_is_added_at_its_default(tmp_path):
+    """run.json written before a flag existed lacks it: it was its default then, so only a change is refused."""
+    import dataclasses
+    import json
+
+    from trainer.run_folder import checkpoint as ckpt
+    from trainer.run_folder import resume
+    from trainer.run_folder.record import RUN_RECORD
+    from trainer.storage import Storage
+
+    newer = _with_a_newer_flag()
+    where = {"model": "m", "dataset": "d.jsonl", "lr": 2e-5, "storage_path": str(tmp_path)}
+    old = TrainConfig(**where)
+    run = tmp_path / old.resolved_run_name
+    (run / ckpt.dir_name(2)).mkdir(parents=True)
+    recorded = resume.inputs(old, data=None, tokenizer=None, model=None)
+    (run / RUN_RECORD).write_text(json.dumps({"run_name": run.name, "inputs": recorded}))
+    assert "adam_gamma" not in recorded["settings"]
+
+    def check(cfg):
+        return resume.check(cfg, resume.inputs(cfg, data=None, tokenizer=None, model=None), Storage.from_uri(str(run)))
+
+    now = newer(**where)
+    assert now.run_uri == str(run) and check(now) == []
+    assert check(newer(**where, adam_gamma=0.5)) == []
+    with pytest.raises(ConfigError, match=r"--adam-gamma: not set then, 0.25 now"):
+        check(newer(**where, adam_gamma=0.25))
+    with pytest.raises(ConfigError, match=r"--lr: 2e-05 then, 3e-05 now"):
+        check(dataclasses.replace(now, lr=3e-5))
+    # a record of the older layout (its whole config, no inputs) is read the same way
+    (run / RUN_RECORD).write_text(json.dumps({"run_name": run.name, "config": old.to_dict()}))
+    assert check(now) == []
+    with pytest.raises(ConfigError, match=r"--adam-gamma: not set then, 0.25 now"):
+        check(newer(**where, adam_gamma=0.25))
 
 
 def test_every_declared_trl_key_is_a_real_trl_field_and_sets_its_flag(tmp_path):

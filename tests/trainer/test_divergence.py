@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from trainer.loop.step import StepHealth, StepOutput, TrainingDiverged
+from trainer.run_folder import checkpoint as ckpt
 
 
 def _broken_copy(demo_assets, folder, how: str):
@@ -53,7 +54,7 @@ def test_the_run_stops_at_the_first_step_naming_it(process_group, demo_assets, t
     run = tmp_path / "runs" / "broken"
     events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events] == ["start", "stopped"] and events[-1]["step"] == 1
-    assert not list(run.glob("checkpoint_*")) and not (run / "model").exists()  # nothing saved or exported
+    assert not ckpt.names(run) and not (run / "model").exists()  # nothing saved or exported
 
 
 def _out(loss: float, norm: float, tokens: float = 10.0) -> StepOutput:

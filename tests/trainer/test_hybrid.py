@@ -150,6 +150,7 @@ def test_hybrid_2x2_mesh_on_4_ray_workers_trains_like_one_process(ray_cluster, t
 
     from trainer.jobs import launch, local
     from trainer.loop.metrics import read_metrics
+    from trainer.run_folder import checkpoint as ckpt
 
     out = tmp_path / "hybrid"
     local.prepare_assets(out, seed=0)
@@ -165,7 +166,7 @@ def test_hybrid_2x2_mesh_on_4_ray_workers_trains_like_one_process(ray_cluster, t
     pairs = list(zip(hybrid, reference, strict=True))
     assert max(abs(a - b) / b for a, b in pairs) < 1e-3, pairs
     # the checkpoint holds each weight in 2 shards (shard dim), not 4: the model was sharded 2-way, replicated 2-way
-    meta = dcp.FileSystemReader(str(out / f"checkpoint_{STEPS:08d}")).read_metadata().state_dict_metadata
+    meta = dcp.FileSystemReader(str(out / ckpt.dir_name(STEPS))).read_metadata().state_dict_metadata
     key = next(k for k in meta if k.startswith("model.") and k.endswith("layers.0.mlp.up_proj.weight"))
     assert len(meta[key].chunks) == 2, meta[key].chunks
 

@@ -120,6 +120,22 @@ def test_optimizer_skips_decay_on_biases_and_norms(process_group, demo_assets):
     assert no_decay["weight_decay"] == 0.0 and all(p.ndim == 1 for p in no_decay["params"])
 
 
+def test_the_optimizer_takes_lr_decay_betas_and_epsilon_from_the_config():
+    from trainer.config.flags import TrainConfig
+    from trainer.loop.optim import for_run
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    cfg = TrainConfig(lr=3e-4, weight_decay=0.1, adam_beta1=0.8, adam_beta2=0.99, adam_epsilon=1e-6)
+    decay, no_decay = for_run(model, cfg, total_steps=10)[0].param_groups
+    for group in (decay, no_decay):
+        assert (group["initial_lr"], group["betas"], group["eps"]) == (3e-4, (0.8, 0.99), 1e-6)
+    assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.1, 0.0)
+    # the defaults are the declared ones, with or without a config
+    default = for_run(model, TrainConfig(), total_steps=10)[0].param_groups[0]
+    plain = build_optimizer(model, lr=1e-3, weight_decay=0.0, fused=False).param_groups[0]
+    assert (default["betas"], default["eps"]) == (plain["betas"], plain["eps"]) == ((0.9, 0.95), 1e-8)
+
+
 def test_model_sources_are_recognised_and_bad_ones_explained(tmp_path, demo_assets):
     assert describe_source("Qwen/Qwen2.5-1.5B") == "hub"
     assert describe_source("s3://bucket/models/qwen") == "s3"

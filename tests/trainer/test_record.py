@@ -41,7 +41,7 @@ def test_the_model_card_is_a_hugging_face_card_with_what_was_trained(tmp_path):
     from huggingface_hub import ModelCard
 
     cfg = TrainConfig(model="Qwen/Qwen2.5-1.5B", dataset="HuggingFaceH4/ultrachat_200k", run_name="r1", lr=2e-5,
-                      global_batch_size=64, seq_len=2048, steps=500)
+                      global_batch_size=64, seq_len=2048, steps=500, adam_beta2=0.98)
     rec = record.run_record(cfg, data_meta=META, data_key="abc123", previous=None, start_step=0, total_steps=500,
                             hw=record.hardware([{"host": "a", "device": "cuda", "gpu": "NVIDIA L4"}] * 4 +
                                                [{"host": "b", "device": "cuda", "gpu": "NVIDIA L4"}] * 4,
@@ -52,5 +52,5 @@ def test_the_model_card_is_a_hugging_face_card_with_what_was_trained(tmp_path):
     assert card.data.library_name == "transformers" and card.data.pipeline_tag == "text-generation"
     for needle in ("steps: 500, tokens: 31,000,000", "final loss: 1.2346", "learning rate: 2e-05",
                    "global batch: 64 sequences of 2048 tokens", "8 worker(s) on 2 node(s): NVIDIA L4, g6.12xlarge",
-                   "data fingerprint: `abc123`", "97.6% full"):
+                   "data fingerprint: `abc123`", "97.6% full", "optimizer: AdamW (betas 0.9, 0.98; epsilon 1e-08)"):
         assert needle in card.text, needle

@@ -63,11 +63,11 @@ def test_local_demo_trains_checkpoints_exports_and_reports(demo_run):
     assert rows[-1]["loss"] < rows[0]["loss"]
     assert all(r["tokens_per_s"] > 0 and r["grad_norm"] > 0 for r in rows)
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
-    names = sorted(p.name for p in out.glob("checkpoint_0*"))
-    assert names == ["checkpoint_00000005", "checkpoint_00000010"]
+    names = ckpt.names(out)
+    assert names == [ckpt.dir_name(5), ckpt.dir_name(10)]
     for name in names:
         marker = json.loads((out / name / ckpt.MARKER).read_text())
-        assert marker["step"] == int(name.split("_")[1]) and marker["world_size"] == 2
+        assert marker["step"] == ckpt.step_of(name) and marker["world_size"] == 2
         assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= {p.name for p in (out / name).iterdir()}
         assert (out / name / "rng" / "rank_1.pt").is_file()
         state = json.loads((out / name / ckpt.TRAIN_STATE).read_text())
@@ -104,7 +104,7 @@ def test_a_failed_worker_group_resumes_from_the_last_checkpoint_with_the_same_lo
     launch.train(cfg)
     events = _events(out)
     assert [e["event"] for e in events][:3] == ["start", "checkpoint", "resume"]
-    assert events[2]["step"] == 5 and events[2]["checkpoint"].endswith("checkpoint_00000005")
+    assert events[2]["step"] == 5 and events[2]["checkpoint"].endswith(ckpt.dir_name(5))
     assert events[0]["micro_batch_size"] == events[2]["micro_batch_size"] == 4  # chosen again on the restart
     resumed, reference = _losses(out), _losses(out2)
     pairs = list(zip(resumed, reference, strict=True))

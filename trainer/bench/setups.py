@@ -23,7 +23,19 @@ import torch
 import torch.distributed as dist
 
 from trainer.bench.shapes import BenchError, write_config
+from trainer.config.flags import TrainConfig
+from trainer.config.trl import training_arguments
 from trainer.loop.step import IGNORE_INDEX
+
+# What both setups step with: the trainer's declared defaults (learning rate, weight decay, AdamW's betas and
+# epsilon, clipping, seed), handed to transformers' Trainer through each flag's TrainingArguments key.
+OPTIMIZER = TrainConfig()
+BASELINE_SETTINGS = ("lr", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "grad_clip", "seed")
+
+
+def baseline_optimizer_arguments() -> dict[str, Any]:
+    """TrainingArguments keywords that make the baseline's optimizer the trainer's (OPTIMIZER)."""
+    return training_arguments(OPTIMIZER, BASELINE_SETTINGS)
 
 
 def on_gpu() -> bool:
@@ -95,7 +107,7 @@ def run_trainer(steps_fn: Callable[[int], list[dict]], *, args, rows_per_step: i
                 tokens_per_step: Callable[[list[dict]], int], attn: str | None = None) -> dict[str, Any]:
     """The trainer's model setup (random init of --model-shape) and step, timed after warm-up."""
     from trainer.loop.memory import choose_micro_batch
-    from trainer.loop.optim import build_optimizer
+    from trainer.loop.optim import adamw_arguments, build_optimizer
     from trainer.loop.parallel import ONE_PROCESS
     from trainer.loop.step import check_loss_path, resolve_loss, train_step
     from trainer.model.build import build_model
@@ -110,7 +122,7 @@ def run_trainer(steps_fn: Callable[[int], list[dict]], *, args, rows_per_step: i
         model = build_model(write_config(args.model_shape, Path(folder)), device=device, use_gpu=gpu, mesh=mesh,
                             attn_implementation=attn or args.attn, kernels=args.kernels, compile=args.compile,
                             random_init=True)
-    optimizer = build_optimizer(model, lr=1e-5, weight_decay=0.0, fused=gpu)
+    optimizer = build_optimizer(model, fused=gpu, **adamw_arguments(OPTIMIZER))
     # the loss that gives the model's own
     loss = check_loss_path(model, resolve_loss(args.loss, device), device, collectives=ONE_PROCESS)
     if args.micro_batch_size == "auto":
@@ -128,7 +140,8 @@ def run_trainer(steps_fn: Callable[[int], list[dict]], *, args, rows_per_step: i
             t0 = time.perf_counter()
         batches = steps_fn(step)
         rows = [mb for b in batches for mb in split_rows(b, micro)]
-        out = train_step(model, optimizer, None, rows, device=device, collectives=ONE_PROCESS, loss=loss)
+        out = train_step(model, optimizer, None, rows, device=device, collectives=ONE_PROCESS,
+                         grad_clip=OPTIMIZER.grad_clip, loss=loss)
         if step >= args.warmup:
             tokens += tokens_per_step(batches)
     float(out.loss)  # waits for the device
@@ -196,9 +209,10 @@ def run_hf_trainer(config, dataset, *, args, micro_batch: int, grad_accum: int, 
     with tempfile.TemporaryDirectory() as out:
         targs = TrainingArguments(
             output_dir=out, per_device_train_batch_size=micro_batch, gradient_accumulation_steps=grad_accum,
-            max_steps=args.warmup + args.steps, bf16=gpu, use_cpu=not gpu, learning_rate=1e-5,
+            max_steps=args.warmup + args.steps, bf16=gpu, use_cpu=not gpu,
             optim="adamw_torch_fused" if gpu else "adamw_torch", logging_steps=10**6, save_strategy="no",
-            report_to=[], disable_tqdm=True, dataloader_num_workers=0, seed=0, lr_scheduler_type="constant")
+            report_to=[], disable_tqdm=True, dataloader_num_workers=0, lr_scheduler_type="constant",
+            **baseline_optimizer_arguments())
         trainer = Trainer(model=model, args=targs, train_dataset=dataset,
                           data_collator=Count(collator or default_data_collator), callbacks=[Clock()])
         trainer.remove_callback(PrinterCallback)  # its dict lines would interleave with the JSON lines

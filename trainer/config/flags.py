@@ -74,6 +74,10 @@ def positive(v: Any) -> str | None:
     return None if v is None or v > 0 else "must be positive"
 
 
+def _beta(v: Any) -> str | None:
+    return None if 0.0 <= v < 1.0 else "must be at least 0 and below 1 (a moment's decay per step, e.g. 0.9 or 0.95)"
+
+
 def required(what: str) -> Check:
     return lambda v: None if v else f"required; pass {what}"
 
@@ -169,6 +173,12 @@ class TrainConfig:
     schedule: str = setting("cosine", "learning-rate schedule after warm-up", choices=("cosine", "linear", "constant"),
                             trl=("lr_scheduler_type",), aliases=("scheduler",))
     weight_decay: float = setting(0.0, "AdamW weight decay", check=not_negative, trl=("weight_decay",))
+    adam_beta1: float = setting(0.9, "AdamW's decay of the gradient's running mean (beta1)", check=_beta,
+                                trl=("adam_beta1",))
+    adam_beta2: float = setting(0.95, "AdamW's decay of the squared gradient's running mean (beta2)", check=_beta,
+                                trl=("adam_beta2",))
+    adam_epsilon: float = setting(1e-8, "AdamW's epsilon, added to the root of the squared-gradient mean",
+                                  check=positive, trl=("adam_epsilon",))
     grad_clip: float = setting(1.0, "clip the global gradient norm to this value (0 disables)",
                                check=lambda v: None if v >= 0 else "must be 0 (off) or positive",
                                trl=("max_grad_norm",), aliases=("clip_grad",))
@@ -190,7 +200,7 @@ class TrainConfig:
     run_name: str | None = setting(None, "run name (folder under --storage-path); resubmitting the same name resumes",
                                    check=_run_name, trl=("run_name",), result=False,
                                    shown_default="from the model, data and a digest of the settings that change "
-                                                 "the result")
+                                                 "the result and differ from their default")
     num_workers: int = setting(2, "number of training workers (one per GPU, or CPU processes)", check=at_least(1),
                                aliases=("workers", "gpus"), result=False,
                                shown_default="`2`; `submit --stack`: every GPU of the stack")
@@ -260,8 +270,9 @@ class TrainConfig:
     def resolved_run_name(self) -> str:
         """The run's name: the Ray run name and the storage sub-folder (resubmitting resumes).
 
-        The default ends in a digest of every setting that changes the result, so runs of a sweep
-        (another --lr, batch or seed) never share a folder, and the same command resumes its own.
+        The default ends in a digest of the settings that change the result and differ from their
+        default, so runs of a sweep (another --lr, batch or seed) never share a folder, the same
+        command resumes its own, and a flag added later (at its default) renames no run.
         """
         if self.run_name:
             return self.run_name
@@ -269,14 +280,29 @@ class TrainConfig:
                  f"seed{self.seed}"]
         return "-".join([*(p for p in parts if p), self.result_digest])[:128]
 
+    @classmethod
+    def result_defaults(cls) -> dict[str, Any]:
+        """The declared default of each setting that changes the result, from this class's own fields
+        (a subclass's or a newer flag's included), for comparing with a record that predates one."""
+        return {f.name: declared_default(f) for f in fields(cls) if f.metadata["flag"].result}
+
     @property
     def result_settings(self) -> dict[str, Any]:
         """The settings that change what the run computes (a resume must keep them)."""
-        return {k: v for k, v in self.to_dict().items() if FLAGS[k].result}
+        values = self.to_dict()
+        return {name: values[name] for name in self.result_defaults()}
+
+    @property
+    def changed_result_settings(self) -> dict[str, Any]:
+        """The result settings whose value is not their declared default: what the user chose."""
+        defaults = self.result_defaults()
+        return {k: v for k, v in self.result_settings.items() if v != defaults[k]}
 
     @property
     def result_digest(self) -> str:
-        return hashlib.sha256(json.dumps(self.result_settings, sort_keys=True, default=str).encode()).hexdigest()[:8]
+        """A digest of changed_result_settings: the same for every default, present or future."""
+        text = json.dumps(self.changed_result_settings, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:8]
 
     @property
     def resolved_cache_dir(self) -> str:
@@ -318,6 +344,11 @@ EXTRA_ARGUMENTS = {
     "out": Argument("DIR", "run folder (local or s3://): sets --storage-path to its parent and --run-name to its "
                            "name", trl=("output_dir",)),
 }
+
+
+def declared_default(f: dataclasses.Field) -> Any:
+    """A field's default as declared (its default_factory's value when it has one)."""
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
 
 
 def flag(name: str) -> str:

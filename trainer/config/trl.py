@@ -10,7 +10,7 @@ x workers, unless global_batch_size is given too (then the three must agree).
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from facts.errors import Problems
 from trainer.config.flags import FLAGS, REPORT_TO
@@ -32,8 +32,6 @@ _REFUSED_BY_REASON = {
     "training runs in bf16 on GPU (fp32 on CPU); fp16 is not supported": ("fp16",),
     "TF32 matmuls are not configurable here": ("tf32",),
     "the optimizer is AdamW (fused on GPU); other optimizers are not supported": ("optim",),
-    "AdamW's betas are fixed at (0.9, 0.95) here": ("adam_beta1", "adam_beta2"),
-    "AdamW's epsilon is fixed at 1e-8 here": ("adam_epsilon",),
     "this trainer has no evaluation loop": ("eval_strategy", "evaluation_strategy", "eval_steps", "do_eval",
                                             "per_device_eval_batch_size", "eval_packing", "eval_dataset_name",
                                             "dataset_test_split"),
@@ -93,6 +91,19 @@ def _training_argument_names() -> frozenset[str]:
         return frozenset(f.name for f in dataclasses.fields(TrainingArguments))
     except Exception:  # noqa: BLE001 - without transformers, only the listed keys are known
         return frozenset()
+
+
+def training_arguments(cfg: Any, names: Iterable[str]) -> dict[str, Any]:
+    """transformers TrainingArguments keywords carrying these settings' values, through each one's declared
+    key (a plain rename: the same meaning and unit), e.g. for a baseline that must train like the config."""
+    out = {}
+    for name in names:
+        keys = [key for key in FLAGS[name].trl if key in RENAMES]
+        if not keys:
+            raise ValueError(f"{name}: no TRL/transformers key of the same meaning and unit is declared for it "
+                             f"(trainer.config.flags, trl=); translate it by hand")
+        out[keys[0]] = getattr(cfg, name)
+    return out
 
 
 def known_keys() -> set[str]:

@@ -30,6 +30,7 @@ from trainer.config.load import add_arguments, from_args, load_yaml, split_out
 from trainer.jobs.cluster import check_reachable
 from trainer.jobs.launch import connect, preflight, print_notes, train
 from trainer.loop.metrics import read_metrics
+from trainer.run_folder import checkpoint as ckpt
 from trainer.storage import location_problem
 
 DEFAULTS = dict(num_workers=2, steps=400, seed=0, global_batch_size=32, log_every=20, checkpoint_every=200,
@@ -252,7 +253,7 @@ def main(argv: Sequence[str]) -> int:
 
     run = Path(cfg.run_uri)
     metrics = read_metrics(run / "metrics.jsonl")
-    checkpoints = sorted(p.name for p in run.glob("checkpoint_0*") if p.is_dir())
+    checkpoints = ckpt.names(run)
     print("[5/5] done in {:.0f} s (training job {:.0f} s)".format(time.perf_counter() - t_start, train_s))
     if after is not None:
         for prompt, want, got in _samples(model_dir, eval_rows):

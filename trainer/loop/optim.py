@@ -1,8 +1,8 @@
 """The optimizer and the learning-rate schedule, apart from model loading (the benchmark uses them too).
 
-AdamW with no decay on biases and norm weights; a linear warm-up, then cosine, linear or constant
-to --min-lr-ratio of the peak. The schedule is a LambdaLR, so its state is saved and restored with
-the checkpoint.
+AdamW (--lr, --weight-decay, --adam-beta1/2, --adam-epsilon) with no decay on biases and norm
+weights; a linear warm-up, then cosine, linear or constant to --min-lr-ratio of the peak. The
+schedule is a LambdaLR, so its state is saved and restored with the checkpoint.
 """
 
 from __future__ import annotations
@@ -13,10 +13,14 @@ from functools import partial
 import torch
 from torch import nn
 
+from trainer.config.flags import TrainConfig
+
 
 def build_optimizer(model: nn.Module, *, lr: float, weight_decay: float, fused: bool,
-                    betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8) -> torch.optim.Optimizer:
-    """AdamW without decay on biases and norm weights; fused kernels on GPU."""
+                    betas: tuple[float, float] = (TrainConfig.adam_beta1, TrainConfig.adam_beta2),
+                    eps: float = TrainConfig.adam_epsilon) -> torch.optim.Optimizer:
+    """AdamW without decay on biases and norm weights; fused kernels on GPU (betas and epsilon: the
+    declared defaults of --adam-beta1/2 and --adam-epsilon unless given)."""
     decay, no_decay = [], []
     for p in model.parameters():
         if p.requires_grad:
@@ -47,9 +51,16 @@ def build_scheduler(optimizer: torch.optim.Optimizer, *, warmup: int, total: int
     return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
 
 
-def for_run(model: nn.Module, cfg, total_steps: int) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+def adamw_arguments(cfg: TrainConfig) -> dict:
+    """build_optimizer's hyperparameters as a TrainConfig sets them (the benchmark steps with these too)."""
+    return {"lr": cfg.lr, "weight_decay": cfg.weight_decay, "betas": (cfg.adam_beta1, cfg.adam_beta2),
+            "eps": cfg.adam_epsilon}
+
+
+def for_run(model: nn.Module, cfg: TrainConfig,
+            total_steps: int) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """The optimizer and schedule a TrainConfig asks for, over `total_steps` steps."""
-    optimizer = build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=cfg.use_gpu)
+    optimizer = build_optimizer(model, fused=cfg.use_gpu, **adamw_arguments(cfg))
     scheduler = build_scheduler(optimizer, warmup=cfg.warmup_for(total_steps), total=total_steps,
                                 schedule=cfg.schedule, min_ratio=cfg.min_lr_ratio)
     return optimizer, scheduler

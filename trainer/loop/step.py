@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from facts.errors import UserError
+from trainer.config.flags import TrainConfig
 from trainer.loop.parallel import Collectives
 from trainer.model.losses import IMPLEMENTATIONS, liger_available, liger_has_softcap, linear_cross_entropy_sum
 
@@ -260,7 +261,7 @@ def train_step(
     *,
     device: torch.device,
     collectives: Collectives,
-    grad_clip: float = 1.0,
+    grad_clip: float = TrainConfig.grad_clip,
     loss: str = DEFAULT_LOSS,
 ) -> StepOutput:
     """Forward/backward every micro-batch, clip, step optimizer and schedule; returns device tensors.

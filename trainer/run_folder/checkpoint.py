@@ -34,6 +34,7 @@ import hashlib
 import io
 import json
 import logging
+import os
 import random
 import re
 import shutil
@@ -61,6 +62,12 @@ PREFIX = "checkpoint_"
 
 def dir_name(step: int) -> str:
     return f"{PREFIX}{step:08d}"
+
+
+def names(run: Storage | str | os.PathLike) -> list[str]:
+    """The checkpoint folders of a run folder (storage, a local path or a URI), complete or not, oldest first."""
+    storage = run if isinstance(run, Storage) else Storage.from_uri(os.fspath(run))
+    return sorted((n for n in storage.list_dirs() if step_of(n) is not None), key=step_of)
 
 
 def step_of(name: str) -> int | None:
@@ -313,12 +320,12 @@ def prune(storage: Storage, keep: int, newest: str) -> list[str]:
     tracked = _ray_tracked(storage)
     if tracked is None:
         return []
-    names = sorted((step_of(n), n) for n in storage.list_dirs() if step_of(n) is not None)
-    complete = [n for _, n in names if is_complete(storage, n)]
+    found = names(storage)
+    complete = [n for n in found if is_complete(storage, n)]
     keep_names = set(complete[-keep:]) | tracked | {newest}
     deleted = []
-    for step, n in names:
-        if n not in keep_names and step < step_of(newest):
+    for n in found:
+        if n not in keep_names and step_of(n) < step_of(newest):
             storage.delete_dir(n)
             deleted.append(n)
     if deleted:
@@ -386,8 +393,7 @@ def resume_point(storage: Storage, preferred: str | None = None) -> str | None:
     is skipped with a log line, and the previous complete one is tried.
     """
     rank, world = _rank(), _world()
-    candidates = sorted((step_of(n), n) for n in storage.list_dirs() if step_of(n) is not None)
-    for _, name in reversed(candidates):
+    for name in reversed(names(storage)):
         if not is_complete(storage, name):
             if rank == 0:
                 log.warning("skipping incomplete checkpoint %s (no valid %s)", storage.path(name), MARKER)

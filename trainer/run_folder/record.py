@@ -100,7 +100,8 @@ def model_card(record: dict, final: dict, steps: int, tokens: int) -> str:
              "global batch": f"{cfg['global_batch_size']} sequences of {cfg['seq_len']} tokens (packed)",
              "micro-batch": cfg["micro_batch_size"], "weight decay": cfg["weight_decay"],
              "gradient clipping": cfg["grad_clip"], "seed": cfg["seed"], "trained tokens": cfg["train_on"],
-             "optimizer": "AdamW (betas 0.9, 0.95)", "sharding": cfg["sharding"]}
+             "optimizer": f"AdamW (betas {cfg['adam_beta1']}, {cfg['adam_beta2']}; epsilon {cfg['adam_epsilon']})",
+             "sharding": cfg["sharding"]}
     loss = final.get("loss")
     body = "\n".join([
         f"# {record['run_name']}", "",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from trainer.config.flags import ConfigError, TrainConfig, flag
 from trainer.model.sources import BIN_WEIGHTS, describe_source, local_model_dir
@@ -75,15 +75,19 @@ def inputs(cfg: TrainConfig, *, data: dict | None, tokenizer: str | None, model:
     return {"settings": settings, "data": data, "tokenizer": tokenizer, "model": model}
 
 
-def differences(then: dict, now: dict) -> list[str]:
-    """Each input that differs, as `what: then ..., now ...`; parts missing on either side are not compared."""
+def differences(then: dict, now: dict, defaults: Mapping[str, Any]) -> list[str]:
+    """Each input that differs, as `what: then ..., now ...`; parts missing on either side are not compared.
+
+    A setting the record lacks (a flag newer than the run) was its default then (`defaults`:
+    TrainConfig.result_defaults), so an old run folder resumes unless the new flag is changed.
+    """
     out = []
     old, new = then.get("settings") or {}, now.get("settings") or {}
     for key in sorted(set(old) & set(new)):
         if old[key] != new[key]:
             out.append(f"{flag(key)}: {old[key]!r} then, {new[key]!r} now")
     for key in sorted(set(new) - set(old)):
-        if new[key] != TrainConfig.__dataclass_fields__[key].default:  # a setting newer than the record
+        if new[key] != defaults.get(key):
             out.append(f"{flag(key)}: not set then, {new[key]!r} now")
     for part, what in (("data", "the dataset's content"), ("tokenizer", "the tokenizer or chat template"),
                        ("model", "the model's config or weights")):
@@ -113,7 +117,7 @@ def recorded(run_storage) -> dict | None:
     try:
         if not run_storage.exists(RUN_RECORD):
             return None
-        has_state = any(ckpt.step_of(n) is not None or n == EXPORT_DIR for n in run_storage.list_dirs())
+        has_state = bool(ckpt.names(run_storage)) or run_storage.is_dir(EXPORT_DIR)
         record = json.loads(run_storage.read_text(RUN_RECORD)) if has_state else None
     except (OSError, ValueError):
         return None
@@ -130,7 +134,7 @@ def check(cfg: TrainConfig, now: dict, run_storage) -> list[str]:
         return []
     then = record.get("inputs") or {"settings": {k: v for k, v in (record.get("config") or {}).items()
                                                  if k in cfg.result_settings}}
-    found = differences(then, now)
+    found = differences(then, now, cfg.result_defaults())
     if not found or cfg.resume_anyway:
         return found
     listed = "".join(f"\n      {d}" for d in found)
