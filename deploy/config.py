@@ -919,10 +919,12 @@ def _check_scale_to_zero(values: dict[str, Any], ours: Mapping[str, Any], scaled
     if values["scaleToZero"] is None:
         return
     if not scaled:
+        # With nodePools the shorthand's scaleToZero is refused: name the pool's own key there.
+        scaling = (f"a pool of {prefix}nodePools scales to zero (its scaleToZero: true, with maxSize)"
+                   if "nodePools" in ours else f"{prefix}scaleToZero is true")
         for name in SCALE_TO_ZERO_KEYS:
             if ours.get(name) is not None:
-                problems.append(f"{prefix}{name}: has no effect unless {prefix}scaleToZero is true (or a node pool's "
-                                f"scaleToZero); set it or remove {name}")
+                problems.append(f"{prefix}{name}: has no effect unless {scaling}; set that or remove {name}")
         return
     chart, kubernetes = values["clusterAutoscalerVersion"], values["kubernetesVersion"]
     floor = MIN_CLUSTER_AUTOSCALER_CHART_FOR.get(kubernetes or "")
