@@ -26,7 +26,8 @@ def pools_run() -> offline.PlanResult:
 
 def submitted(outputs: dict, pool: str | None):
     """The ScalingConfig of the job `trainer submit --stack pools [--pool POOL]` sends."""
-    cfg = from_args(argparse.Namespace(**FLAGS), stack_defaults(outputs, choose_pool(outputs, pool)))
+    named = {"pool": pool} if pool else {}
+    cfg = from_args(argparse.Namespace(**FLAGS, **named), stack_defaults(outputs, choose_pool(outputs, pool)))
     return cfg, launch.scaling_config(cfg)
 
 
@@ -67,9 +68,11 @@ def test_the_jobs_selector_matches_exactly_its_pools_worker_group(pools_run, poo
     assert node_types[matching[0]]["resources"]["GPU"] * node_types[matching[0]]["max_workers"] == workers
 
 
-def test_a_one_gpu_pool_stack_pins_without_a_flag():
+def test_a_one_gpu_pool_stack_needs_no_flag_and_pins_when_named():
     result = offline.run({"aws:region": "us-east-1", "raytrain-eks:apiAccessCidrs": ["203.0.113.10/32"]}, stack="dev")
     cfg, scaling = submitted(result.outputs, None)
+    assert (cfg.pool, cfg.num_workers, scaling.label_selector) == (None, 8, None)
+    cfg, scaling = submitted(result.outputs, "gpu")
     assert (cfg.pool, cfg.num_workers, scaling.label_selector) == ("gpu", 8, {ray_facts.POOL_LABEL: "gpu"})
     (group,) = offline.plain(result.one(RAYCLUSTER).inputs)["spec"]["workerGroupSpecs"]
     assert group["labels"] == scaling.label_selector

@@ -231,8 +231,8 @@ class TrainConfig:
     pool: str | None = setting(None, "node pool the workers run on: Ray Train places them only on nodes with the "
                                      "Ray label raytrain.io/pool=NAME, which each pool's worker group carries",
                                check=_pool, result=False,
-                               shown_default="unset (any node); `submit --stack`: the stack's GPU pool, required when "
-                                             "it has several")
+                               shown_default="unset (any node); `submit --stack`: required when the stack has "
+                                             "several GPU pools")
     random_init: bool = setting(False, "train from the config's random initialisation instead of the model's "
                                        "weights (a model without weight files is an error otherwise)")
     resume_anyway: bool = setting(False, "continue a run whose folder holds a run started with other settings, "

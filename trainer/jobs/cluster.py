@@ -120,7 +120,9 @@ def check_capacity(num_workers: int, use_gpu: bool, pool: str | None = None) -> 
         if current is None:
             raise ClusterError(f"--pool {pool}: no node of this Ray cluster is in that pool (Ray label "
                                f"{ray_facts.POOL_LABEL}={pool}) and it cannot grow (no autoscaler); name a pool its "
-                               f"nodes are in, or drop --pool")
+                               f"nodes are in, or drop --pool. On a stack, worker pods started before their group "
+                               f"carried the label lack it until recreated "
+                               f"(`kubectl -n <ray namespace> delete pods -l ray.io/node-type=worker`)")
     problem = capacity_problem(need, current, autoscaler_max, num_workers=num_workers)
     if problem:
         raise ClusterError(problem if not pool or autoscaler_max else problem.replace(

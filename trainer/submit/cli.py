@@ -103,7 +103,8 @@ def main(argv: list[str]) -> int:
 
 
 def requested_pool(args: argparse.Namespace, flags: dict) -> str | None:
-    """--pool, else the --config file's `pool`: it decides the defaults, so it is read before the rest."""
+    """--pool, else the --config file's `pool`: it decides the defaults, so it is read before the rest (the
+    configuration then carries it to the job, which pins its workers to the pool)."""
     if flags.get("pool"):
         return flags["pool"]
     return (load.load_yaml(args.config).get("pool") if args.config else None) or None
@@ -210,8 +211,8 @@ def bench_main(argv: list[str]) -> int:
                       "--max-bytes", str(args.max_bytes), "--iters", str(args.iters), "--warmup", str(args.warmup)]
         if row:
             bench_argv += ["--network-gbps", str(row.network_gbps), "--instance-type", row.name]
-        if pinned := (pool.name if pool and pool.labelled else None) or (None if outputs else args.pool):
-            bench_argv += ["--pool", pinned]
+        if args.pool:  # checked against the stack's pools above, when there is a stack
+            bench_argv += ["--pool", args.pool]
         if stack_outputs.CHECKPOINT_BUCKET_URI in outputs:
             bench_argv += ["--storage-path", outputs[stack_outputs.CHECKPOINT_BUCKET_URI]]
         with connect(args, target) as client, tempfile.TemporaryDirectory(prefix="nccl-bench-") as folder:

@@ -107,7 +107,8 @@ def choose_pool(outputs: dict, name: str | None) -> GpuPool | None:
     """The pool `--pool NAME` names; without it the stack's only GPU pool. None: the stack has none (or no outputs).
 
     With several GPU pools a job's workers could land on any of them, or across them: the flag is
-    required then, and the pool must advertise its Ray label for the workers to select it.
+    required then. A named pool pins the workers (TrainConfig.pool, a label selector), so it must
+    advertise its Ray label; the only GPU pool needs no pinning, a GPU worker has nowhere else to go.
     """
     pools = gpu_pools(outputs)
     names = ", ".join(p.name for p in pools)
@@ -121,7 +122,7 @@ def choose_pool(outputs: dict, name: str | None) -> GpuPool | None:
     chosen = next((p for p in pools if p.name == name), None)
     if chosen is None:
         raise SubmitError(f"--pool {name}: the stack has no GPU node pool of that name (with Ray workers); "
-                          f"use one of: {names or 'none, the stack has no GPU pool'}")
+                          + (f"use one of: {names}" if pools else "it has none: drop --pool"))
     if not chosen.labelled:
         raise SubmitError(f"--pool {name}: the stack's Ray worker groups carry no pool labels yet (deployed by an "
                           f"older version of this program); run `pulumi up` to add them, then submit again")
@@ -129,17 +130,12 @@ def choose_pool(outputs: dict, name: str | None) -> GpuPool | None:
 
 
 def stack_defaults(outputs: dict, pool: GpuPool | None = None) -> dict | None:
-    """What `submit --stack` trains on unless flags say otherwise: every GPU of the pool, its type, the bucket.
-
-    The workers are pinned to the pool (--pool) when its worker group advertises its Ray label.
-    """
+    """What `submit --stack` trains on unless flags say otherwise: every GPU of the pool, its type, the bucket."""
     defaults: dict = {}
     if stack_outputs.CHECKPOINT_BUCKET_URI in outputs:
         defaults["storage_path"] = outputs[stack_outputs.CHECKPOINT_BUCKET_URI]
     if pool is not None and pool.gpus:
         defaults.update(device="gpu", num_workers=pool.gpus, instance_type=pool.instance_type)
-        if pool.labelled:
-            defaults["pool"] = pool.name
     return defaults or None
 
 
