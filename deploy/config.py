@@ -22,7 +22,7 @@ import ipaddress
 import json
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
@@ -57,9 +57,6 @@ PROJECT_TAGS_PER_RESOURCE = 5
 # 9.54.0 grant no RBAC for them, so the autoscaler starts but never scales (kubernetes/autoscaler chart history).
 MIN_CLUSTER_AUTOSCALER_CHART_FOR = {"1.34": (9, 47, 0), "1.35": (9, 54, 0), "1.36": (9, 54, 0)}
 SCALE_TO_ZERO_KEYS = ("gpuIdleTimeoutMinutes", "clusterAutoscalerVersion", "clusterAutoscalerImageTag")
-# What the nodePools map replaces: the shorthand of the two default pools.
-SHORTHAND_KEYS = ("systemNodeType", "systemNodeCount", "gpuNodeType", "gpuNodeCount", "capacityType",
-                  "capacityReservationId", "placementGroup", "scaleToZero")
 MAX_POOL_NODES = 64
 
 _REGION = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
@@ -77,69 +74,6 @@ class ConfigError(ProblemsError):
     """All configuration problems of a stack, one per line."""
 
     title = "invalid stack configuration"
-
-
-@dataclass(frozen=True)
-class StackConfig:
-    project: str
-    stack: str
-    region: str
-    availability_zone: str | None
-    kubernetes_version: str
-    cluster_name: str
-    node_pools: tuple[NodePool, ...]
-    api_access_cidrs: tuple[str, ...]
-    admin_role_arns: tuple[str, ...]
-    dlc_image: str
-    ray_version: str
-    kuberay_version: str
-    nvidia_device_plugin_version: str
-    efa_device_plugin_version: str
-    nccl_debug: str
-    ray_namespace: str
-    checkpoint_bucket: str | None
-    retain_checkpoints_on_destroy: bool
-    gpu_idle_timeout_minutes: int = 10
-    cluster_autoscaler_version: str = DEFAULT_CLUSTER_AUTOSCALER_CHART
-    cluster_autoscaler_image_tag: str = CLUSTER_AUTOSCALER_IMAGE_TAGS[SUPPORTED_KUBERNETES_VERSIONS[-1]]
-    tags: Mapping[str, str] = field(default_factory=dict)
-    aws_settings: Mapping[str, Any] = field(default_factory=dict)
-    placeholders: tuple[str, ...] = ()
-    noncurrent_version_expiration_days: int = 3
-    control_plane_log_retention_days: int = 30
-    cost_warning_per_day: float = 1000.0
-
-    ray_cluster_name = ray_facts.CLUSTER_NAME
-    ray_service_account = ray_facts.SERVICE_ACCOUNT
-
-    @property
-    def ray_head_service(self) -> str:
-        return ray_facts.head_service(self.ray_cluster_name)
-
-    @property
-    def image_is_digest(self) -> bool:
-        return images.parse(self.dlc_image).is_pinned
-
-    @property
-    def resource_tags(self) -> dict[str, str]:
-        """Tags for every AWS resource: the user's plus the project and stack."""
-        return {"project": self.project, "stack": self.stack, **self.tags}
-
-    def pool(self, name: str) -> NodePool:
-        return next(p for p in self.node_pools if p.name == name)
-
-    @property
-    def system_pool(self) -> NodePool:
-        return self.pool(pools.SYSTEM_POOL)
-
-    @property
-    def gpu_pools(self) -> tuple[NodePool, ...]:
-        return pools.gpu_pools(self.node_pools)
-
-    @property
-    def scale_to_zero(self) -> bool:
-        """A node pool scales to zero, so the Cluster Autoscaler runs."""
-        return any(p.scale_to_zero for p in self.node_pools)
 
 
 @dataclass(frozen=True)
@@ -474,101 +408,206 @@ def _pool_entries(key, value, problems):
 
 # --- the declarations ------------------------------------------------------------------------------
 
-KEYS: dict[str, Setting] = {s.name: s for s in (
-    Setting("apiAccessCidrs", None, _cidrs,
-            "CIDRs allowed to reach the public EKS API endpoint; `0.0.0.0/0` is refused (private endpoint access is "
-            "always on)", "required"),
-    Setting("availabilityZone", None, _zone,
-            "AZ of the EFA node pools that name none of their own (EFA does not cross AZs), by name (`us-east-1a`) or "
-            "zone ID (`use1-az4`); checked against the EC2 instance-type offerings by zone ID. A zone EKS refuses for "
-            "control-plane subnets may hold nodes; the control plane then uses two other zones",
-            "the reservation's zone, else the first zone offering the first EFA pool's type that EKS accepts for its "
-            "control plane"),
-    Setting("kubernetesVersion", SUPPORTED_KUBERNETES_VERSIONS[-1], _one_of(SUPPORTED_KUBERNETES_VERSIONS),
-            f"EKS version: one of {', '.join(SUPPORTED_KUBERNETES_VERSIONS)} (standard support; upgrade policy "
-            "STANDARD)"),
-    Setting("clusterName", None, _matching(_CLUSTER_NAME, "a valid EKS cluster name (letters, digits, - and _, at "
-                                                          "most 100)"),
-            "EKS cluster name (letters, digits, `-`, `_`, at most 100); a stack name that gives an invalid default "
-            "(`team.ml`) must set it", "`raytrain-eks-<stack>`"),
-    Setting("nodePools", None, _pool_entries,
-            "the node groups, a map of pool name to its settings (see [Node pools](#node-pools)); replaces the "
-            "shorthand keys below, which describe the two default pools `system` and `gpu`",
-            "the `system` and `gpu` pools of the shorthand keys"),
-    Setting("systemNodeType", "m7i.xlarge", _cpu_type,
-            "shorthand: CPU nodes of the `system` pool, for the Ray head, the KubeRay operator and add-ons"),
-    Setting("systemNodeCount", 1, _as_int(1, 10), "shorthand: `system` pool nodes, 1 to 10"),
-    Setting("gpuNodeType", "g6.12xlarge", _gpu_type,
-            f"shorthand: EFA GPU type of the `gpu` pool: {', '.join(catalog.GPU_TYPES)}"),
-    Setting("gpuNodeCount", 2, _as_int(1, MAX_POOL_NODES), f"shorthand: `gpu` pool nodes, 1 to {MAX_POOL_NODES}"),
-    Setting("capacityType", "ON_DEMAND", _one_of(pools.CAPACITY_TYPES),
-            "shorthand: the `gpu` pool's `ON_DEMAND`, `SPOT` or `CAPACITY_BLOCK` (Capacity Blocks for ML: the node "
-            "group's capacity type and the launch template's `capacity-block` market type and instance type, as EKS "
-            "requires)"),
-    Setting("capacityReservationId", None, _matching(_RESERVATION, "a capacity reservation id like "
-                                                                   "cr-0123456789abcdef0"),
-            "shorthand: an On-Demand Capacity Reservation or, with `CAPACITY_BLOCK`, the Capacity Block (`cr-...`) "
-            "of the `gpu` pool; not with SPOT. Looked up at preview: it sets the GPU zone and must hold "
-            "`gpuNodeType`, at least `gpuNodeCount` instances, Linux, and be active"),
-    Setting("placementGroup", None, _as_bool,
-            "shorthand: cluster placement group for the `gpu` pool; not combined with a reservation",
-            "`true` (`false` with a reservation)"),
-    Setting("scaleToZero", False, _as_bool,
-            "shorthand: the `gpu` pool's Ray workers and nodes scale to zero when idle (KubeRay autoscaler + "
-            "Kubernetes Cluster Autoscaler); `gpuNodeCount` becomes the maximum. Not with `capacityReservationId` "
-            "(a reservation bills whether instances run or not)"),
-    Setting("adminRoleArns", (), _role_arns,
-            "extra IAM principals given cluster-admin access entries; repeats are kept once, and the deployer (who "
-            "always has one as cluster creator) is refused at preview"),
-    Setting("dlcImage", DEFAULT_DLC_IMAGE, _image,
-            "the Ray Train DLC image, `registry/repo@sha256:<64 hex>` or `registry/repo:tag` (the registry host is "
-            "never implied); a tag is resolved once and the digest kept in the stack state (see Image pinning)"),
-    Setting("rayVersion", "2.58.0", _version(MIN_RAY_VERSION), "Ray version of the image, at least 2.52 (token "
-                                                               "authentication)"),
-    Setting("kuberayVersion", "1.7.0", _version(
-        MIN_KUBERAY_VERSION, "the first KubeRay release whose RayCluster has authOptions (Ray token authentication); "
-        "use 1.7.0"), "KubeRay operator chart version, at least 1.5.1 (the first whose RayCluster has `authOptions`, "
-                      "Ray token authentication)"),
-    Setting("nvidiaDevicePluginVersion", "0.20.0", _version(), "NVIDIA k8s-device-plugin chart version"),
-    Setting("efaDevicePluginVersion", "v0.5.32", _version(), "aws-efa-k8s-device-plugin chart version"),
-    Setting("ncclDebug", "INFO", _one_of(NCCL_DEBUG_LEVELS),
-            "NCCL_DEBUG on the GPU workers for NCCL processes started by other means: VERSION, WARN, INFO or TRACE. "
-            "GPU jobs of `trainer submit` always run INFO into per-rank files (the EFA proof reads them); lowering "
-            "it there needs `--no-require-efa`"),
-    Setting("rayNamespace", ray_facts.DEFAULT_NAMESPACE, _matching(_DNS_LABEL, "a Kubernetes namespace name"),
-            "namespace of the RayCluster"),
-    Setting("checkpointBucket", None, _bucket, "checkpoint bucket name, checked against S3's naming rules",
-            "generated (`<cluster name, S3-safe>-ckpt-<26 characters>`)"),
-    Setting("noncurrentVersionExpirationDays", 3, _as_int(1, 365),
-            "days a deleted or overwritten checkpoint object is kept as a noncurrent version before S3 expires it, "
-            "1 to 365"),
-    Setting("controlPlaneLogRetentionDays", 30, _retention_days,
-            "retention of the control-plane log group, one of CloudWatch's values (1, 3, 5, 7, 14, 30, 60, 90, ...)"),
-    Setting("costWarningPerDay", 1000.0, _dollars,
-            "the plan and `pulumi preview` warn above this estimated cost per day (US dollars), naming the EC2 vCPU "
-            "quota needed"),
-    Setting("gpuIdleTimeoutMinutes", 10, _as_int(1, 1440),
-            "with a pool that scales to zero: minutes a Ray worker may sit idle before it is removed, 1 to 1440"),
-    Setting("clusterAutoscalerVersion", DEFAULT_CLUSTER_AUTOSCALER_CHART, _version(
-        MIN_CLUSTER_AUTOSCALER_CHART,
-        "the first cluster-autoscaler chart whose ClusterRole lets Cluster Autoscaler >= 1.32 watch VolumeAttachments; "
-        f"with an older chart the autoscaler runs but never scales (kubernetes/autoscaler#7663). Use "
-        f"{DEFAULT_CLUSTER_AUTOSCALER_CHART}", example=DEFAULT_CLUSTER_AUTOSCALER_CHART),
-            "with a pool that scales to zero: cluster-autoscaler chart version (kubernetes.github.io/autoscaler), at "
-            "least 9.47.0 with Kubernetes 1.34 and 9.54.0 with 1.35 and 1.36 (older charts grant no "
-            "`resource.k8s.io` RBAC: the autoscaler starts but never scales)"),
-    Setting("clusterAutoscalerImageTag", None, _ca_image_tag,
-            "with a pool that scales to zero: Cluster Autoscaler image tag, `vX.Y.Z` or `vX.Y.Z@sha256:<64 hex>`; its "
-            "minor must equal `kubernetesVersion`",
-            f"follows `kubernetesVersion` (`{CLUSTER_AUTOSCALER_IMAGE_TAGS[SUPPORTED_KUBERNETES_VERSIONS[-1]]}` for "
-            f"{SUPPORTED_KUBERNETES_VERSIONS[-1]})"),
-    Setting("retainCheckpointsOnDestroy", True, _as_bool,
-            "protect the bucket from `pulumi destroy` (and keep it if the stack is deleted)"),
-    Setting("tags", MappingProxyType({}), _tags,
-            "tags on every AWS resource that takes tags (plus `project` and `stack`); at most 45 with "
-            "`aws:defaultTags` (AWS allows 50 and the program adds up to 5), letters, digits, spaces and "
-            "`+ - = . _ : / @` only (S3 and IAM)"),
-)}
+# Metadata of a StackConfig field: the stack key it is (STACK_KEY), or the keys node_pools is built from (POOL_SOURCES).
+STACK_KEY = "stack key"
+POOL_SOURCES = "node pool keys"
+
+
+def stack_key(name: str, default: Any, parse: Callable[[str, Any, Problems], Any], help: str,
+              shown_default: str | None = None) -> Any:
+    """A StackConfig field that is the stack key `name`: its default, check and README row, declared once."""
+    declared = {STACK_KEY: Setting(name, default, parse, help, shown_default)}
+    if type(default).__hash__ is None:  # dataclasses refuse an unhashable default (MappingProxyType) as such
+        return field(default_factory=lambda: default, metadata=declared)
+    return field(default=default, metadata=declared)
+
+
+def pool_keys(*settings: Setting) -> Any:
+    """The node_pools field, declaring the keys it is built from: nodePools, or the shorthand of the default pools."""
+    return field(default=(), metadata={POOL_SOURCES: settings})
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    """The validated stack. Each field from api_access_cidrs to tags IS a stack key's declaration (`stack_key`),
+    so KEYS, the parser and the README's table derive from these fields; node_pools declares the keys it is
+    built from. A field's default is its key's: None where the key is required (apiAccessCidrs) or `load`
+    derives the value (clusterName, clusterAutoscalerImageTag)."""
+
+    project: str
+    stack: str
+    region: str  # aws:region, the AWS provider's key (REGION_ROW)
+    api_access_cidrs: tuple[str, ...] = stack_key(
+        "apiAccessCidrs", None, _cidrs,
+        "CIDRs allowed to reach the public EKS API endpoint; `0.0.0.0/0` is refused (private endpoint access is "
+        "always on)", "required")
+    availability_zone: str | None = stack_key(
+        "availabilityZone", None, _zone,
+        "AZ of the EFA node pools that name none of their own (EFA does not cross AZs), by name (`us-east-1a`) or "
+        "zone ID (`use1-az4`); checked against the EC2 instance-type offerings by zone ID. A zone EKS refuses for "
+        "control-plane subnets may hold nodes; the control plane then uses two other zones",
+        "the reservation's zone, else the first zone offering the first EFA pool's type that EKS accepts for its "
+        "control plane")
+    kubernetes_version: str = stack_key(
+        "kubernetesVersion", SUPPORTED_KUBERNETES_VERSIONS[-1], _one_of(SUPPORTED_KUBERNETES_VERSIONS),
+        f"EKS version: one of {', '.join(SUPPORTED_KUBERNETES_VERSIONS)} (standard support; upgrade policy "
+        "STANDARD)")
+    cluster_name: str = stack_key(
+        "clusterName", None, _matching(_CLUSTER_NAME, "a valid EKS cluster name (letters, digits, - and _, at "
+                                                      "most 100)"),
+        "EKS cluster name (letters, digits, `-`, `_`, at most 100); a stack name that gives an invalid default "
+        "(`team.ml`) must set it", "`raytrain-eks-<stack>`")
+    node_pools: tuple[NodePool, ...] = pool_keys(
+        Setting("nodePools", None, _pool_entries,
+                "the node groups, a map of pool name to its settings (see [Node pools](#node-pools)); replaces the "
+                "shorthand keys below, which describe the two default pools `system` and `gpu`",
+                "the `system` and `gpu` pools of the shorthand keys"),
+        Setting("systemNodeType", "m7i.xlarge", _cpu_type,
+                "shorthand: CPU nodes of the `system` pool, for the Ray head, the KubeRay operator and add-ons"),
+        Setting("systemNodeCount", 1, _as_int(1, 10), "shorthand: `system` pool nodes, 1 to 10"),
+        Setting("gpuNodeType", "g6.12xlarge", _gpu_type,
+                f"shorthand: EFA GPU type of the `gpu` pool: {', '.join(catalog.GPU_TYPES)}"),
+        Setting("gpuNodeCount", 2, _as_int(1, MAX_POOL_NODES), f"shorthand: `gpu` pool nodes, 1 to {MAX_POOL_NODES}"),
+        Setting("capacityType", "ON_DEMAND", _one_of(pools.CAPACITY_TYPES),
+                "shorthand: the `gpu` pool's `ON_DEMAND`, `SPOT` or `CAPACITY_BLOCK` (Capacity Blocks for ML: the node "
+                "group's capacity type and the launch template's `capacity-block` market type and instance type, as EKS "
+                "requires)"),
+        Setting("capacityReservationId", None, _matching(_RESERVATION, "a capacity reservation id like "
+                                                                       "cr-0123456789abcdef0"),
+                "shorthand: an On-Demand Capacity Reservation or, with `CAPACITY_BLOCK`, the Capacity Block (`cr-...`) "
+                "of the `gpu` pool; not with SPOT. Looked up at preview: it sets the GPU zone and must hold "
+                "`gpuNodeType`, at least `gpuNodeCount` instances, Linux, and be active"),
+        Setting("placementGroup", None, _as_bool,
+                "shorthand: cluster placement group for the `gpu` pool; not combined with a reservation",
+                "`true` (`false` with a reservation)"),
+        Setting("scaleToZero", False, _as_bool,
+                "shorthand: the `gpu` pool's Ray workers and nodes scale to zero when idle (KubeRay autoscaler + "
+                "Kubernetes Cluster Autoscaler); `gpuNodeCount` becomes the maximum. Not with `capacityReservationId` "
+                "(a reservation bills whether instances run or not)"))
+    admin_role_arns: tuple[str, ...] = stack_key(
+        "adminRoleArns", (), _role_arns,
+        "extra IAM principals given cluster-admin access entries; repeats are kept once, and the deployer (who "
+        "always has one as cluster creator) is refused at preview")
+    dlc_image: str = stack_key(
+        "dlcImage", DEFAULT_DLC_IMAGE, _image,
+        "the Ray Train DLC image, `registry/repo@sha256:<64 hex>` or `registry/repo:tag` (the registry host is "
+        "never implied); a tag is resolved once and the digest kept in the stack state (see Image pinning)")
+    ray_version: str = stack_key(
+        "rayVersion", "2.58.0", _version(MIN_RAY_VERSION),
+        "Ray version of the image, at least 2.52 (token authentication)")
+    kuberay_version: str = stack_key(
+        "kuberayVersion", "1.7.0", _version(
+            MIN_KUBERAY_VERSION, "the first KubeRay release whose RayCluster has authOptions (Ray token "
+            "authentication); use 1.7.0"),
+        "KubeRay operator chart version, at least 1.5.1 (the first whose RayCluster has `authOptions`, "
+        "Ray token authentication)")
+    nvidia_device_plugin_version: str = stack_key(
+        "nvidiaDevicePluginVersion", "0.20.0", _version(), "NVIDIA k8s-device-plugin chart version")
+    efa_device_plugin_version: str = stack_key(
+        "efaDevicePluginVersion", "v0.5.32", _version(), "aws-efa-k8s-device-plugin chart version")
+    nccl_debug: str = stack_key(
+        "ncclDebug", "INFO", _one_of(NCCL_DEBUG_LEVELS),
+        "NCCL_DEBUG on the GPU workers for NCCL processes started by other means: VERSION, WARN, INFO or TRACE. "
+        "GPU jobs of `trainer submit` always run INFO into per-rank files (the EFA proof reads them); lowering "
+        "it there needs `--no-require-efa`")
+    ray_namespace: str = stack_key(
+        "rayNamespace", ray_facts.DEFAULT_NAMESPACE, _matching(_DNS_LABEL, "a Kubernetes namespace name"),
+        "namespace of the RayCluster")
+    checkpoint_bucket: str | None = stack_key(
+        "checkpointBucket", None, _bucket, "checkpoint bucket name, checked against S3's naming rules",
+        "generated (`<cluster name, S3-safe>-ckpt-<26 characters>`)")
+    noncurrent_version_expiration_days: int = stack_key(
+        "noncurrentVersionExpirationDays", 3, _as_int(1, 365),
+        "days a deleted or overwritten checkpoint object is kept as a noncurrent version before S3 expires it, "
+        "1 to 365")
+    control_plane_log_retention_days: int = stack_key(
+        "controlPlaneLogRetentionDays", 30, _retention_days,
+        "retention of the control-plane log group, one of CloudWatch's values (1, 3, 5, 7, 14, 30, 60, 90, ...)")
+    cost_warning_per_day: float = stack_key(
+        "costWarningPerDay", 1000.0, _dollars,
+        "the plan and `pulumi preview` warn above this estimated cost per day (US dollars), naming the EC2 vCPU "
+        "quota needed")
+    gpu_idle_timeout_minutes: int = stack_key(
+        "gpuIdleTimeoutMinutes", 10, _as_int(1, 1440),
+        "with a pool that scales to zero: minutes a Ray worker may sit idle before it is removed, 1 to 1440")
+    cluster_autoscaler_version: str = stack_key(
+        "clusterAutoscalerVersion", DEFAULT_CLUSTER_AUTOSCALER_CHART, _version(
+            MIN_CLUSTER_AUTOSCALER_CHART,
+            "the first cluster-autoscaler chart whose ClusterRole lets Cluster Autoscaler >= 1.32 watch "
+            "VolumeAttachments; with an older chart the autoscaler runs but never scales (kubernetes/autoscaler#7663). "
+            f"Use {DEFAULT_CLUSTER_AUTOSCALER_CHART}", example=DEFAULT_CLUSTER_AUTOSCALER_CHART),
+        "with a pool that scales to zero: cluster-autoscaler chart version (kubernetes.github.io/autoscaler), at "
+        "least 9.47.0 with Kubernetes 1.34 and 9.54.0 with 1.35 and 1.36 (older charts grant no "
+        "`resource.k8s.io` RBAC: the autoscaler starts but never scales)")
+    cluster_autoscaler_image_tag: str = stack_key(
+        "clusterAutoscalerImageTag", None, _ca_image_tag,
+        "with a pool that scales to zero: Cluster Autoscaler image tag, `vX.Y.Z` or `vX.Y.Z@sha256:<64 hex>`; its "
+        "minor must equal `kubernetesVersion`",
+        f"follows `kubernetesVersion` (`{CLUSTER_AUTOSCALER_IMAGE_TAGS[SUPPORTED_KUBERNETES_VERSIONS[-1]]}` for "
+        f"{SUPPORTED_KUBERNETES_VERSIONS[-1]})")
+    retain_checkpoints_on_destroy: bool = stack_key(
+        "retainCheckpointsOnDestroy", True, _as_bool,
+        "protect the bucket from `pulumi destroy` (and keep it if the stack is deleted)")
+    tags: Mapping[str, str] = stack_key(
+        "tags", MappingProxyType({}), _tags,
+        "tags on every AWS resource that takes tags (plus `project` and `stack`); at most 45 with "
+        "`aws:defaultTags` (AWS allows 50 and the program adds up to 5), letters, digits, spaces and "
+        "`+ - = . _ : / @` only (S3 and IAM)")
+    aws_settings: Mapping[str, Any] = field(default_factory=dict)  # the aws: keys, for the explicit provider
+    placeholders: tuple[str, ...] = ()  # values that plan offline but that AWS refuses (see _placeholders)
+
+    ray_cluster_name = ray_facts.CLUSTER_NAME
+    ray_service_account = ray_facts.SERVICE_ACCOUNT
+
+    @property
+    def ray_head_service(self) -> str:
+        return ray_facts.head_service(self.ray_cluster_name)
+
+    @property
+    def image_is_digest(self) -> bool:
+        return images.parse(self.dlc_image).is_pinned
+
+    @property
+    def resource_tags(self) -> dict[str, str]:
+        """Tags for every AWS resource: the user's plus the project and stack."""
+        return {"project": self.project, "stack": self.stack, **self.tags}
+
+    def pool(self, name: str) -> NodePool:
+        return next(p for p in self.node_pools if p.name == name)
+
+    @property
+    def system_pool(self) -> NodePool:
+        return self.pool(pools.SYSTEM_POOL)
+
+    @property
+    def gpu_pools(self) -> tuple[NodePool, ...]:
+        return pools.gpu_pools(self.node_pools)
+
+    @property
+    def scale_to_zero(self) -> bool:
+        """A node pool scales to zero, so the Cluster Autoscaler runs."""
+        return any(p.scale_to_zero for p in self.node_pools)
+
+
+def declared_keys(cls: type = StackConfig) -> dict[str, Setting]:
+    """Every stack key the fields of `cls` declare, in field order (the README table's order)."""
+    found: dict[str, Setting] = {}
+    for f in fields(cls):
+        for setting in ((f.metadata[STACK_KEY],) if STACK_KEY in f.metadata else f.metadata.get(POOL_SOURCES, ())):
+            found[setting.name] = setting
+    return found
+
+
+def key_fields(cls: type = StackConfig) -> dict[str, str]:
+    """Stack key -> the field of `cls` it sets (the keys node_pools is built from set none directly)."""
+    return {f.metadata[STACK_KEY].name: f.name for f in fields(cls) if STACK_KEY in f.metadata}
+
+
+KEYS: dict[str, Setting] = declared_keys()
+# What the nodePools map replaces: the shorthand of the two default pools, the other keys node_pools is built from.
+SHORTHAND_KEYS = tuple(s.name for f in fields(StackConfig) for s in f.metadata.get(POOL_SOURCES, ())
+                       if s.name != "nodePools")
+
 # Not ours, but required: the AWS provider's region, checked here against botocore's endpoint list.
 REGION_ROW = ("aws:region", "required", "region to deploy to; must be one where AWS offers EKS")
 
@@ -611,23 +650,25 @@ POOL_KEYS: dict[str, Setting] = {s.name: s for s in (
 
 # --- reading a stack -------------------------------------------------------------------------------
 
-def load(raw: Mapping[str, Any], *, stack: str, project: str = PROJECT) -> StackConfig:
+def load(raw: Mapping[str, Any], *, stack: str, project: str = PROJECT, cls: type = StackConfig) -> StackConfig:
     """Build a StackConfig from full config keys ("aws:region", "raytrain-eks:gpuNodeCount").
 
-    Raises ConfigError listing every problem found.
+    The keys read are those the fields of `cls` declare (a subclass with one more `stack_key` field reads
+    one more key). Raises ConfigError listing every problem found.
     """
+    keys = declared_keys(cls)
     problems = Problems()
     prefix = f"{project}:"
     ours = {k[len(prefix):]: v for k, v in raw.items() if k.startswith(prefix)}
-    for name in sorted(set(ours) - set(KEYS)):
-        close = difflib.get_close_matches(name, KEYS, n=1, cutoff=0.6)
-        hint = f"did you mean {prefix}{close[0]}?" if close else f"known keys: {', '.join(KEYS)}"
+    for name in sorted(set(ours) - set(keys)):
+        close = difflib.get_close_matches(name, keys, n=1, cutoff=0.6)
+        hint = f"did you mean {prefix}{close[0]}?" if close else f"known keys: {', '.join(keys)}"
         problems.append(f"{prefix}{name}: unknown configuration key; {hint}")
     _check_namespaces(raw, project, problems)
     aws_settings = aws_provider.parse(raw, problems)
 
     values: dict[str, Any] = {}
-    for name, setting in KEYS.items():
+    for name, setting in keys.items():
         if name in ours and ours[name] is not None:
             values[name] = setting.parse(f"{prefix}{name}", ours[name], problems)
         else:
@@ -670,36 +711,11 @@ def load(raw: Mapping[str, Any], *, stack: str, project: str = PROJECT) -> Stack
     placeholders = _placeholders(values["apiAccessCidrs"], prefix)
 
     problems.raise_if_any(ConfigError)
-    return StackConfig(
-        project=project,
-        stack=stack,
-        region=str(region),
-        availability_zone=values["availabilityZone"],
-        kubernetes_version=values["kubernetesVersion"],
-        cluster_name=cluster_name,
-        node_pools=tuple(node_pools),
-        api_access_cidrs=values["apiAccessCidrs"],
-        admin_role_arns=tuple(values["adminRoleArns"]),
-        dlc_image=values["dlcImage"],
-        ray_version=values["rayVersion"],
-        kuberay_version=values["kuberayVersion"],
-        nvidia_device_plugin_version=values["nvidiaDevicePluginVersion"],
-        efa_device_plugin_version=values["efaDevicePluginVersion"],
-        nccl_debug=values["ncclDebug"],
-        ray_namespace=values["rayNamespace"],
-        checkpoint_bucket=values["checkpointBucket"],
-        retain_checkpoints_on_destroy=values["retainCheckpointsOnDestroy"],
-        gpu_idle_timeout_minutes=values["gpuIdleTimeoutMinutes"],
-        cluster_autoscaler_version=values["clusterAutoscalerVersion"],
-        cluster_autoscaler_image_tag=(values["clusterAutoscalerImageTag"]
-                                      or CLUSTER_AUTOSCALER_IMAGE_TAGS[values["kubernetesVersion"]]),
-        tags=values["tags"],
-        aws_settings=aws_settings,
-        placeholders=placeholders,
-        noncurrent_version_expiration_days=values["noncurrentVersionExpirationDays"],
-        control_plane_log_retention_days=values["controlPlaneLogRetentionDays"],
-        cost_warning_per_day=values["costWarningPerDay"],
-    )
+    values.update(clusterName=cluster_name, clusterAutoscalerImageTag=(
+        values["clusterAutoscalerImageTag"] or CLUSTER_AUTOSCALER_IMAGE_TAGS[values["kubernetesVersion"]]))
+    return cls(project=project, stack=stack, region=str(region), node_pools=tuple(node_pools),
+               aws_settings=aws_settings, placeholders=placeholders,
+               **{name: values[key] for key, name in key_fields(cls).items()})
 
 
 # --- node pools -------------------------------------------------------------------------------------
@@ -903,10 +919,12 @@ def _check_scale_to_zero(values: dict[str, Any], ours: Mapping[str, Any], scaled
     if values["scaleToZero"] is None:
         return
     if not scaled:
+        # With nodePools the shorthand's scaleToZero is refused: name the pool's own key there.
+        scaling = (f"a pool of {prefix}nodePools scales to zero (its scaleToZero: true, with maxSize)"
+                   if "nodePools" in ours else f"{prefix}scaleToZero is true")
         for name in SCALE_TO_ZERO_KEYS:
             if ours.get(name) is not None:
-                problems.append(f"{prefix}{name}: has no effect unless {prefix}scaleToZero is true (or a node pool's "
-                                f"scaleToZero); set it or remove {name}")
+                problems.append(f"{prefix}{name}: has no effect unless {scaling}; set that or remove {name}")
         return
     chart, kubernetes = values["clusterAutoscalerVersion"], values["kubernetesVersion"]
     floor = MIN_CLUSTER_AUTOSCALER_CHART_FOR.get(kubernetes or "")

@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import yaml
 
@@ -23,6 +23,7 @@ from deploy.stack_file import StackFileError
 from facts import errors
 from facts import outputs as names
 from infra.cost import USAGE_BASED, cost_warnings, parts
+from infra.node_pools import NodePool
 from workloads.charts import SCALE_DOWN_UNNEEDED_MINUTES
 from workloads.image import is_placeholder
 
@@ -97,20 +98,50 @@ def render_table(result: offline.PlanResult) -> str:
     return "\n".join(lines)
 
 
-def render_cost(cost: dict[str, Any], *, idle_minutes: int | None = None) -> str:
-    """The parts and the total; with scale-to-zero also the idle price and how soon idle GPUs stop billing."""
+def idle_gpu_hint(pools: Sequence[NodePool]) -> str | None:
+    """How to stop the idle bill of the GPU pools that keep their nodes, in the keys this stack file uses.
+
+    The shorthand's `gpu` pool scales with raytrain-eks:scaleToZero (gpuNodeCount becomes its maximum); a
+    pool of nodePools with its own scaleToZero and maxSize instead of desiredSize (the shorthand keys are
+    refused there). A pool with a capacity reservation bills anyway, and scaleToZero is refused with one.
+    """
+    gpu_pools = [p for p in pools if p.gpus]
+    fixed = [p for p in gpu_pools if not p.scale_to_zero]
+    if not fixed:
+        return None
+    fixes = []
+    for pool in (p for p in fixed if not p.capacity_reservation_id):
+        if pool.key("maxSize") == pool.key("desiredSize"):  # one key sizes the pool: the shorthand's gpuNodeCount
+            fixes.append(f"set {pool.key('scaleToZero')} to true ({pool.key('maxSize')} becomes the maximum)")
+        else:
+            fixes.append(f"set {pool.key('scaleToZero')} to true and {pool.key('maxSize')} to {pool.max_size} in "
+                         f"place of {pool.key('desiredSize')}")
+    whose = ("The GPU nodes" if len(fixed) == len(gpu_pools) else
+             f"The GPU nodes of pool{'s' if len(fixed) > 1 else ''} {', '.join(p.name for p in fixed)}")
+    reserved = [p.name for p in fixed if p.capacity_reservation_id]
+    why = (f" (the capacity reservation of {', '.join(reserved)} bills whether its instances run or not)"
+           if reserved else "")
+    fix = f"{'; '.join(fixes)}, or `pulumi destroy`" if fixes else "`pulumi destroy` stops that"
+    return f"  {whose} bill while idle too{why}: {fix}."
+
+
+def render_cost(cost: dict[str, Any], *, idle_minutes: int | None = None, pools: Sequence[NodePool] = ()) -> str:
+    """The parts and the total; with scale-to-zero also the idle price and how soon idle GPUs stop billing;
+    for the GPU pools that keep their nodes, how to stop that (idle_gpu_hint)."""
     lines = [f"Estimated cost per hour (us-east-1 list prices; GPU nodes: {cost.get('pricing', 'On-Demand list price')}):"]
     lines += [f"  {name:<17} ${cost[name]:>8.2f}" for name in parts(cost)]
     usage = "  Not included, billed by use: " + "; ".join(USAGE_BASED) + "."
+    hint = idle_gpu_hint(pools)
     if cost.get("mode") != "scale-to-zero":
         lines.append(f"  {'total':<17} ${cost['total']:>8.2f}  (~${cost['total'] * 24:,.0f}/day while up)")
         lines.append(usage)
-        lines.append("  The GPU nodes bill while idle too: set raytrain-eks:scaleToZero to true, or `pulumi destroy`.")
+        lines += [hint] if hint else []
         return "\n".join(lines)
     lines.append(f"  {'total':<17} ${cost['total']:>8.2f}  while training, every GPU node up")
     lines.append(f"  {'idle total':<17} ${cost['idleTotal']:>8.2f}  between jobs, GPU nodes scaled to zero "
                  f"(~${cost['idleTotal'] * 24:,.0f}/day)")
     lines.append(usage)
+    lines += [hint] if hint else []
     if idle_minutes is not None:
         lines.append(f"  Idle GPU nodes stop billing about {idle_minutes + SCALE_DOWN_UNNEEDED_MINUTES} min after the "
                      f"last Ray task ({idle_minutes} min Ray idle timeout + {SCALE_DOWN_UNNEEDED_MINUTES} min "
@@ -185,7 +216,8 @@ def plan(argv: list[str]) -> int:
     print()
     print(render_table(result))
     print()
-    print(render_cost(result.outputs[names.ESTIMATED_COST_PER_HOUR], idle_minutes=ray_idle_minutes(result)))
+    print(render_cost(result.outputs[names.ESTIMATED_COST_PER_HOUR], idle_minutes=ray_idle_minutes(result),
+                      pools=cfg.node_pools))
     warnings = [*(f"placeholder: {p} (`pulumi preview` refuses it)" for p in cfg.placeholders),
                 *cost_warnings(cfg.node_pools, cfg.cost_warning_per_day)]
     for pool in (p for p in cfg.node_pools if p.capacity_reservation_id):

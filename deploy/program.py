@@ -43,15 +43,19 @@ def workloads(cfg: StackConfig) -> Workloads:
 
 
 def worker_group(pool: NodePool) -> WorkerGroup:
+    """The pool's Ray workers; they carry the pool's Ray label, which `trainer submit --pool` selects."""
     return WorkerGroup(name=pool.ray_worker_group, instance=pool.instance, min_replicas=pool.min_size,
                        max_replicas=pool.max_size, node_selector=dict(pool.labels),
                        tolerations=pool.taints, efa=pool.efa,
-                       autoscaled=pool.scale_to_zero)
+                       autoscaled=pool.scale_to_zero, ray_labels=ray_facts.pool_labels(pool.name))
 
 
 def pool_outputs(cfg: StackConfig) -> dict[str, dict]:
-    return {p.name: {"instanceType": p.instance_type, "minSize": p.min_size, "maxSize": p.max_size,
-                     "gpusPerNode": p.gpus, "scaleToZero": p.scale_to_zero, "rayWorkerGroup": p.ray_worker_group}
+    """Every pool, as `trainer submit --stack` reads it (facts.outputs names the keys it relies on)."""
+    return {p.name: {names.POOL_INSTANCE_TYPE: p.instance_type, "minSize": p.min_size, names.POOL_MAX_SIZE: p.max_size,
+                     names.POOL_GPUS_PER_NODE: p.gpus, "scaleToZero": p.scale_to_zero,
+                     names.POOL_RAY_WORKER_GROUP: p.ray_worker_group,
+                     names.POOL_RAY_LABELS: ray_facts.pool_labels(p.name) if p.ray_worker_group else {}}
             for p in cfg.node_pools}
 
 

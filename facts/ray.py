@@ -6,6 +6,11 @@ SERVICE_ACCOUNT = "ray-train"  # carries the IRSA role of the checkpoint bucket
 DEFAULT_NAMESPACE = "ray"
 CLUSTER_LABEL = "ray.io/cluster"  # KubeRay labels every pod of a RayCluster with it (utils.RayClusterLabelKey)
 AUTH_TOKEN_KEY = "auth_token"  # key of the Secret KubeRay creates for authOptions.mode token
+# The Ray node label naming a worker's node pool: each pool's worker group advertises it (KubeRay's
+# worker-group `labels`, which v1.7.0 passes to `ray start --labels` and refuses in rayStartParams), and
+# `trainer submit --pool` selects it (Ray Train's ScalingConfig.label_selector), so a job's workers land
+# on one pool only. Not under ray.io/, which Ray reserves for its own labels.
+POOL_LABEL = "raytrain.io/pool"
 
 DASHBOARD_PORT = 8265  # dashboard and Jobs API
 HEAD_PORTS = {"gcs-server": 6379, "dashboard": DASHBOARD_PORT, "client": 10001}
@@ -21,3 +26,8 @@ CHECKPOINT_ENV = "CHECKPOINT_URI"
 def head_service(cluster: str = CLUSTER_NAME) -> str:
     """KubeRay names the head Service <raycluster>-head-svc."""
     return f"{cluster}-head-svc"
+
+
+def pool_labels(pool: str) -> dict[str, str]:
+    """The Ray node labels of a pool's worker group; as a label selector, they place work on that pool."""
+    return {POOL_LABEL: pool}

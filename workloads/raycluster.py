@@ -217,7 +217,13 @@ def worker_group_digest(spec: dict) -> str:
 
 
 def worker_group(settings: Workloads, group: WorkerGroup, image: str) -> dict:
-    """One worker group: its pool's nodes, each claimed whole by one worker pod."""
+    """One worker group: its pool's nodes, each claimed whole by one worker pod.
+
+    Its Ray node labels go in the group's own `labels` field: KubeRay v1.7.0 refuses them in
+    rayStartParams (utils/validation.go, validateRayGroupLabels), passes the field to `ray start
+    --labels` and to the pods, and Ray 2.58's autoscaler reads only the field when it picks the group
+    that a label selector needs (autoscaler/_private/kuberay/autoscaling_config.py).
+    """
     mounts = ({"name": NCCL_LOG_VOLUME, "mountPath": ray_facts.NCCL_LOG_DIR},) if group.gpus else ()
     worker = _container(WORKER_CONTAINER, image, env=worker_env(group, settings.nccl_debug),
                         resources=worker_resources(group.instance, efa=group.efa), extra_mounts=mounts)
@@ -225,6 +231,7 @@ def worker_group(settings: Workloads, group: WorkerGroup, image: str) -> dict:
         "groupName": group.name,
         **worker_scaling(group),
         "numOfHosts": 1,
+        **({"labels": dict(group.ray_labels)} if group.ray_labels else {}),
         "rayStartParams": {"num-gpus": str(group.gpus)} if group.gpus else {},
         "template": _pod(settings, worker, group.node_selector, group.tolerations,
                          extra_volumes=({"name": NCCL_LOG_VOLUME, "emptyDir": {}},) if group.gpus else (),

@@ -7,7 +7,7 @@ functions of it and a second set of workloads is a second value.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 from facts import ray as ray_facts
@@ -27,6 +27,7 @@ class WorkerGroup:
     tolerations: tuple[Taint, ...] = ()
     efa: bool = False  # the nodes have their EFA interfaces
     autoscaled: bool = False  # KubeRay's autoscaler owns its replicas (the pool scales to zero)
+    ray_labels: Mapping[str, str] = field(default_factory=dict)  # Ray node labels: what label selectors pick
 
     @property
     def gpus(self) -> int:

@@ -223,3 +223,69 @@ def test_capacity_blocks_and_zone_ids_are_accepted():
                 "raytrain-eks:availabilityZone": "use1-az6"}, stack="p5")
     assert cfg.pool("gpu").capacity_type == "CAPACITY_BLOCK" and cfg.availability_zone == "use1-az6"
     assert cfg.pool("gpu").placement_group is False
+
+
+# --- StackConfig is derived from the key declarations ----------------------------------------------
+
+def _field_default(f: dataclasses.Field):
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
+def test_every_declared_key_is_a_stack_config_field_with_the_declared_default():
+    """One declaration per key: the field is the declaration, so names and defaults cannot drift apart."""
+    from deploy import config
+
+    by_field = {f.name: f for f in dataclasses.fields(config.StackConfig)}
+    sets = config.key_fields()
+    pool_sources = set(config.KEYS) - set(sets)
+    assert pool_sources == {"nodePools", *config.SHORTHAND_KEYS}  # these build node_pools, they set no field
+    assert config.SHORTHAND_KEYS[:4] == ("systemNodeType", "systemNodeCount", "gpuNodeType", "gpuNodeCount")
+    for key, name in sets.items():
+        camel = name.split("_")[0] + "".join(w.capitalize() for w in name.split("_")[1:])
+        assert camel == key, (key, name)
+        assert _field_default(by_field[name]) == config.KEYS[key].default, key
+    # What is not a stack key is explicit, and the README's rows are these declarations in field order.
+    assert set(by_field) - set(sets.values()) == {"project", "stack", "region", "node_pools", "aws_settings",
+                                                  "placeholders"}
+    rows = config.markdown_tables()["stack"].splitlines()[3:]
+    assert [r.split("`")[1] for r in rows] == list(config.KEYS)
+
+
+def test_a_new_declaration_is_a_new_field_read_from_the_stack_file():
+    """Adding a key is one `stack_key` field: it is declared, parsed, defaulted and refused by name."""
+    from deploy import config
+
+    @dataclasses.dataclass(frozen=True)
+    class Extended(config.StackConfig):
+        max_jobs: int = config.stack_key("maxJobs", 3, config._as_int(1, 9), "jobs at once, 1 to 9")
+
+    assert config.declared_keys(Extended)["maxJobs"].default == 3
+    assert config.key_fields(Extended)["maxJobs"] == "max_jobs"
+    assert load(GOOD, stack="dev", cls=Extended).max_jobs == 3
+    cfg = load({**GOOD, "raytrain-eks:maxJobs": "5"}, stack="dev", cls=Extended)
+    assert isinstance(cfg, Extended) and cfg.max_jobs == 5 and cfg.cluster_name == "raytrain-eks-dev"
+    with pytest.raises(ConfigError) as info:
+        load({**GOOD, "raytrain-eks:maxJobs": 12}, stack="dev", cls=Extended)
+    assert info.value.problems == ["raytrain-eks:maxJobs: 12 is out of range; set it to an integer between 1 and 9"]
+    assert "raytrain-eks:maxJobs: unknown configuration key" in problems_for(maxJobs=5)[0]  # StackConfig has none
+
+
+def test_load_sets_every_field_from_its_own_key():
+    """A non-default value for each key lands in that key's field (nothing is copied by hand)."""
+    from deploy import config
+
+    given = {"availabilityZone": "us-east-1b", "kubernetesVersion": "1.35", "clusterName": "c1",
+             "adminRoleArns": ["arn:aws:iam::123456789012:role/Admin"],
+             "dlcImage": "123456789012.dkr.ecr.us-east-1.amazonaws.com/ray:2.58", "rayVersion": "2.57.0",
+             "kuberayVersion": "1.6.0", "nvidiaDevicePluginVersion": "0.19.0", "efaDevicePluginVersion": "v0.5.30",
+             "ncclDebug": "WARN", "rayNamespace": "train", "checkpointBucket": "my-ckpt-bucket",
+             "noncurrentVersionExpirationDays": 7, "controlPlaneLogRetentionDays": 60, "costWarningPerDay": 50,
+             "gpuIdleTimeoutMinutes": 20, "clusterAutoscalerVersion": "9.58.0", "clusterAutoscalerImageTag": "v1.35.1",
+             "retainCheckpointsOnDestroy": False, "tags": {"team": "ml"}, "scaleToZero": True}
+    assert set(config.key_fields()) - set(given) == {"apiAccessCidrs"}  # GOOD sets it; a new key needs a value here
+    cfg = load({**GOOD, **{f"raytrain-eks:{k}": v for k, v in given.items()}}, stack="dev")
+    for key, name in config.key_fields().items():
+        if key == "apiAccessCidrs":
+            continue
+        expected = config.KEYS[key].parse(key, given[key], config.Problems())
+        assert getattr(cfg, name) == expected and expected != config.KEYS[key].default, key

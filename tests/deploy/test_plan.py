@@ -143,3 +143,71 @@ def test_an_out_that_is_a_file_is_refused_before_anything_runs(tmp_path, capsys)
     assert plan.main(["--stack", "dev", "--out", str(tmp_path / "taken")]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and "--out" in captured.err and "a file, not a folder" in captured.err
+
+
+# --- the idle-cost hint speaks the stack file's own keys ------------------------------------------------
+
+def _idle_hints(out: str) -> list[str]:
+    return [line.strip() for line in out.splitlines() if "bill while idle too" in line]
+
+
+def _pools_with(**changes) -> dict:
+    """The README's node-pools stack (tests/examples.py), with some pools' settings replaced."""
+    from tests.examples import documented_stack
+
+    pools = documented_stack("pools")["raytrain-eks:nodePools"]
+    return {name: changes.get(name, settings) for name, settings in pools.items()}
+
+
+def test_the_idle_hint_of_a_node_pools_stack_names_the_pools_own_keys(tmp_path, monkeypatch, capsys):
+    """The README's stack: l40s scales to zero, gpu keeps its 2 nodes. The hint names gpu's keys, not the shorthand
+    (refused with nodePools), and following it gives a stack that plans without a hint."""
+    out = _plan(tmp_path, monkeypatch, capsys, nodePools=_pools_with())
+    assert _idle_hints(out) == [
+        "The GPU nodes of pool gpu bill while idle too: set raytrain-eks:nodePools.gpu.scaleToZero to true and "
+        "raytrain-eks:nodePools.gpu.maxSize to 2 in place of raytrain-eks:nodePools.gpu.desiredSize, or "
+        "`pulumi destroy`."]
+    assert "raytrain-eks:scaleToZero" not in out
+    followed = _plan(tmp_path, monkeypatch, capsys, nodePools=_pools_with(
+        gpu={"instanceType": "g6.12xlarge", "scaleToZero": True, "maxSize": 2}))
+    assert _idle_hints(followed) == []
+
+
+def test_a_node_pools_stack_without_a_scaled_pool_gets_one_fix_per_gpu_pool(tmp_path, monkeypatch, capsys):
+    out = _plan(tmp_path, monkeypatch, capsys, nodePools=_pools_with(
+        l40s={"instanceType": "g6e.12xlarge", "desiredSize": 1}))
+    assert _idle_hints(out) == [
+        "The GPU nodes bill while idle too: set raytrain-eks:nodePools.gpu.scaleToZero to true and "
+        "raytrain-eks:nodePools.gpu.maxSize to 2 in place of raytrain-eks:nodePools.gpu.desiredSize; set "
+        "raytrain-eks:nodePools.l40s.scaleToZero to true and raytrain-eks:nodePools.l40s.maxSize to 1 in place of "
+        "raytrain-eks:nodePools.l40s.desiredSize, or `pulumi destroy`."]
+    assert "raytrain-eks:scaleToZero" not in out
+
+
+def test_the_shorthand_hint_and_a_reservations_hint(tmp_path, monkeypatch, capsys):
+    assert _idle_hints(_plan(tmp_path, monkeypatch, capsys)) == [
+        "The GPU nodes bill while idle too: set raytrain-eks:scaleToZero to true (raytrain-eks:gpuNodeCount becomes "
+        "the maximum), or `pulumi destroy`."]
+    assert _idle_hints(_plan(tmp_path, monkeypatch, capsys, scaleToZero=True)) == []
+    # scaleToZero is refused with a reservation (it bills anyway): the hint does not send the user there.
+    reserved = _plan(tmp_path, monkeypatch, capsys, capacityReservationId="cr-0123456789abcdef0",
+                     availabilityZone="us-east-1c")
+    assert _idle_hints(reserved) == [
+        "The GPU nodes bill while idle too (the capacity reservation of gpu bills whether its instances run or not): "
+        "`pulumi destroy` stops that."]
+
+
+def test_a_scale_to_zero_setting_without_a_scaled_pool_names_the_key_the_stack_file_takes():
+    from deploy.config import ConfigError, load
+
+    base = {"aws:region": "us-east-1", "raytrain-eks:apiAccessCidrs": ["203.0.113.10/32"],
+            "raytrain-eks:gpuIdleTimeoutMinutes": 5}
+    with pytest.raises(ConfigError) as info:
+        load({**base, "raytrain-eks:nodePools": _pools_with(l40s={"instanceType": "g6e.12xlarge"})}, stack="c")
+    assert info.value.problems == [
+        "raytrain-eks:gpuIdleTimeoutMinutes: has no effect unless a pool of raytrain-eks:nodePools scales to zero "
+        "(its scaleToZero: true, with maxSize); set that or remove gpuIdleTimeoutMinutes"]
+    assert load({**base, "raytrain-eks:nodePools": _pools_with()}, stack="c").gpu_idle_timeout_minutes == 5
+    with pytest.raises(ConfigError, match=r"unless raytrain-eks:scaleToZero is true; set that or remove"):
+        load(base, stack="c")
+    assert load({**base, "raytrain-eks:scaleToZero": True}, stack="c").scale_to_zero

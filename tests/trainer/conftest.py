@@ -1,7 +1,8 @@
 """Shared fixtures of the trainer tests: ONE real local Ray cluster per session, demo assets.
 
 The cluster is a real `ray start --head` (own temp dir, 8 CPUs, dashboard on a free port)
-with token authentication, so job-submission tests can reuse it. It is stopped with
+with token authentication, so job-submission tests can reuse it. Its node carries the Ray label
+of a node pool named LOCAL_POOL, as a stack's worker nodes carry theirs, so `--pool` can be tried. It is stopped with
 SIGKILL to its process group plus any worker that left the group (a SIGTERM did not stop
 `ray start --block` reliably here).
 """
@@ -21,8 +22,11 @@ from pathlib import Path
 
 import pytest
 
+from facts import ray as ray_facts
+
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
+LOCAL_POOL = "local"  # the node pool the session cluster's node says it is in (facts.ray.POOL_LABEL)
 
 # No network here: make any accidental hub access fail fast instead of hanging.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -74,7 +78,8 @@ def ray_start_head(temp_dir: str, port: int, dash_port: int, cpus: int = 8) -> l
             # machine, and a job agent that cannot bind leaves the Jobs API with "No available agent".
             "--dashboard-agent-listen-port", str(free_port()), "--dashboard-agent-grpc-port", str(free_port()),
             "--runtime-env-agent-port", str(free_port()), "--metrics-export-port", str(free_port()),
-            "--ray-client-server-port", str(free_port())]
+            "--ray-client-server-port", str(free_port()),
+            "--labels", ",".join(f"{k}={v}" for k, v in ray_facts.pool_labels(LOCAL_POOL).items())]
 
 
 @dataclass

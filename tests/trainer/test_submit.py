@@ -330,13 +330,14 @@ def test_submit_with_a_stack_trains_on_every_gpu_of_the_stack_unless_flags_say_o
     import argparse
 
     from trainer.config.load import from_args
-    from trainer.submit.target import stack_defaults
+    from trainer.submit.target import choose_pool, stack_defaults
 
     outputs = {"gpuNodeType": "g6.12xlarge", "gpuNodeCount": 2, "checkpointBucketUri": "s3://ckpt/runs"}
+    defaults = stack_defaults(outputs, choose_pool(outputs, None))  # the one GPU pool (tests/trainer/test_pools.py)
     base = {"model": "Qwen/Qwen2.5-1.5B", "dataset": "s3://ckpt/data/train.jsonl", "config": None}
-    cfg = from_args(argparse.Namespace(**base), stack_defaults(outputs))
+    cfg = from_args(argparse.Namespace(**base), defaults)
     assert (cfg.device, cfg.num_workers, cfg.storage_path) == ("gpu", 8, "s3://ckpt/runs")  # 2 nodes x 4 L4
-    cfg = from_args(argparse.Namespace(**base, num_workers=4, device="cpu"), stack_defaults(outputs))
+    cfg = from_args(argparse.Namespace(**base, num_workers=4, device="cpu"), defaults)
     assert (cfg.device, cfg.num_workers) == ("cpu", 4)
     assert stack_defaults({"checkpointBucketUri": "s3://b"}) == {"storage_path": "s3://b"}
 

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from facts import nodes as node_facts
+from facts import ray as ray_facts
 from facts.errors import Problems, ProblemsError
 from trainer.cache import default_dir
 
@@ -120,6 +122,12 @@ def _instance_type(v: str | None) -> str | None:
     return f"unknown; use one of {', '.join(sorted(GPU_TYPES))}"
 
 
+def _pool(v: str | None) -> str | None:
+    if v is None or not node_facts.label_problem(ray_facts.POOL_LABEL, v):
+        return None
+    return "not a node pool name; use a pool of the stack's nodePools output (lowercase letters, digits and '-')"
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     model: str = setting("", "Hugging Face hub id, local folder or s3:// prefix of the model to fine-tune",
@@ -203,7 +211,7 @@ class TrainConfig:
                                                  "the result and differ from their default")
     num_workers: int = setting(2, "number of training workers (one per GPU, or CPU processes)", check=at_least(1),
                                aliases=("workers", "gpus"), result=False,
-                               shown_default="`2`; `submit --stack`: every GPU of the stack")
+                               shown_default="`2`; `submit --stack`: every GPU of the pool (`--pool`)")
     device: str = setting("cpu", "train on GPUs with NCCL or CPUs with gloo", choices=("cpu", "gpu"),
                           shown_default="`cpu`; `submit --stack`: `gpu`")
     activation_checkpointing: bool = setting(False, "recompute decoder-layer activations in backward to save "
@@ -229,7 +237,13 @@ class TrainConfig:
                               check=lambda v: None if v >= 0 else "must be 0 (the workers of one node) or positive",
                               result=False)
     instance_type: str | None = setting(None, "GPU instance type of the workers, for the communication estimate "
-                                              "(e.g. g6.12xlarge)", check=_instance_type, result=False)
+                                              "(e.g. g6.12xlarge)", check=_instance_type, result=False,
+                                        shown_default="unset; `submit --stack`: the pool's")
+    pool: str | None = setting(None, "node pool the workers run on: Ray Train places them only on nodes with the "
+                                     "Ray label raytrain.io/pool=NAME, which each pool's worker group carries",
+                               check=_pool, result=False,
+                               shown_default="unset (any node); `submit --stack`: required when the stack has "
+                                             "several GPU pools")
     random_init: bool = setting(False, "train from the config's random initialisation instead of the model's "
                                        "weights (a model without weight files is an error otherwise)")
     resume_anyway: bool = setting(False, "continue a run whose folder holds a run started with other settings, "

@@ -17,6 +17,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from facts import ray as ray_facts
+
 MIN_BYTES = 8
 MAX_BYTES = 1 << 30
 LARGE_MESSAGE = 64 << 20  # sizes from here on are bandwidth-bound
@@ -132,8 +134,10 @@ def _worker(config: dict) -> None:
 
 
 def run(*, workers: int, gpu: bool, sizes: list[int], warmup: int = 5, iters: int = 20,
-        network_gbps: float | None = None, instance_type: str | None = None, storage_path: str | None = None) -> dict:
-    """Start one worker per GPU (or CPU process) through Ray Train and return rank 0's results."""
+        network_gbps: float | None = None, instance_type: str | None = None, storage_path: str | None = None,
+        pool: str | None = None) -> dict:
+    """Start one worker per GPU (or CPU process) through Ray Train, on `pool`'s nodes only when given, and return
+    rank 0's results."""
     storage_path = storage_path or tempfile.mkdtemp(prefix="nccl-bench-")
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -142,7 +146,8 @@ def run(*, workers: int, gpu: bool, sizes: list[int], warmup: int = 5, iters: in
         _worker,
         train_loop_config={"sizes": sizes, "warmup": warmup, "iters": iters, "gpu": gpu,
                            "network_gbps": network_gbps, "instance_type": instance_type},
-        scaling_config=ScalingConfig(num_workers=workers, use_gpu=gpu),
+        scaling_config=ScalingConfig(num_workers=workers, use_gpu=gpu,
+                                     label_selector=ray_facts.pool_labels(pool) if pool else None),
         run_config=RunConfig(name=f"nccl-bench-{int(time.time())}", storage_path=storage_path),
     )
     with trainer.fit().checkpoint.as_directory() as folder:
@@ -160,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--network-gbps", type=float, help="expected network bandwidth per node (from the catalog)")
     parser.add_argument("--instance-type", help="instance type the bandwidth figure belongs to")
     parser.add_argument("--storage-path", help="Ray Train storage path (multi-node: shared storage, e.g. s3://)")
+    parser.add_argument("--pool", help="run only on this node pool's nodes (their Ray label raytrain.io/pool)")
     parser.add_argument("--json", action="store_true", help="also print the results as one JSON line")
     args = parser.parse_args(argv)
     try:
@@ -169,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers < 1 or args.iters < 1 or args.warmup < 0:
         parser.error("--workers and --iters must be at least 1, --warmup at least 0")
     results = run(workers=args.workers, gpu=args.device == "gpu", sizes=sizes, warmup=args.warmup, iters=args.iters,
-                  network_gbps=args.network_gbps, instance_type=args.instance_type, storage_path=args.storage_path)
+                  network_gbps=args.network_gbps, instance_type=args.instance_type, storage_path=args.storage_path,
+                  pool=args.pool)
     if args.json:
         print(json.dumps(results))
     return 0

@@ -11,6 +11,7 @@ import os
 import socket
 from typing import Mapping
 
+from facts import ray as ray_facts
 from facts.errors import UserError, first_line
 
 CONNECT_TIMEOUT_S = 5.0
@@ -85,8 +86,24 @@ def capacity_problem(need: Mapping[str, float], current: Mapping[str, float],
             f"{have} {name} {how}; {fix}, or add nodes to the cluster{later}")
 
 
-def check_capacity(num_workers: int, use_gpu: bool) -> None:
-    """Collective-free check against the connected cluster (ray.init first)."""
+def pool_resources(nodes: list[dict], pool: str) -> dict[str, float] | None:
+    """What the live nodes of node pool `pool` (their Ray label facts.ray.POOL_LABEL) have; None when there are none."""
+    found = [n for n in nodes if n.get("Alive") and (n.get("Labels") or {}).get(ray_facts.POOL_LABEL) == pool]
+    if not found:
+        return None
+    total: dict[str, float] = {}
+    for node in found:
+        for name, amount in (node.get("Resources") or {}).items():
+            total[name] = total.get(name, 0.0) + float(amount)
+    return total
+
+
+def check_capacity(num_workers: int, use_gpu: bool, pool: str | None = None) -> None:
+    """Collective-free check against the connected cluster (ray.init first); with `pool`, against its nodes.
+
+    A cluster that cannot grow and has no node of the pool would leave the workers waiting forever.
+    An autoscaling one may start the pool's nodes (its maxima carry no labels): its maximum counts.
+    """
     import ray
     from ray.train import ScalingConfig
 
@@ -97,6 +114,16 @@ def check_capacity(num_workers: int, use_gpu: bool) -> None:
         autoscaler_max = state.get_max_resources_from_cluster_config()
     except Exception:  # noqa: BLE001 - a private API: without it, the current size is the ceiling
         autoscaler_max = None
-    problem = capacity_problem(need, ray.cluster_resources(), autoscaler_max, num_workers=num_workers)
+    current = ray.cluster_resources()
+    if pool and not autoscaler_max:
+        current = pool_resources(ray.nodes(), pool)
+        if current is None:
+            raise ClusterError(f"--pool {pool}: no node of this Ray cluster is in that pool (Ray label "
+                               f"{ray_facts.POOL_LABEL}={pool}) and it cannot grow (no autoscaler); name a pool its "
+                               f"nodes are in, or drop --pool. On a stack, worker pods started before their group "
+                               f"carried the label lack it until recreated "
+                               f"(`kubectl -n <ray namespace> delete pods -l ray.io/node-type=worker`)")
+    problem = capacity_problem(need, current, autoscaler_max, num_workers=num_workers)
     if problem:
-        raise ClusterError(problem)
+        raise ClusterError(problem if not pool or autoscaler_max else problem.replace(
+            "the Ray cluster has", f"pool {pool} of the Ray cluster has", 1))

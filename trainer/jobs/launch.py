@@ -135,6 +135,18 @@ def preflight(cfg: TrainConfig, storage_filesystem: Any = None, *, full_data: bo
     return info
 
 
+def scaling_config(cfg: TrainConfig):
+    """The workers: --num-workers, on GPUs or CPUs and, with --pool, only on that pool's nodes.
+
+    Ray 2.58's ScalingConfig.label_selector (ray/train/v2/api/config.py) becomes the worker
+    placement group's bundle_label_selector: every worker on a node whose Ray labels match.
+    """
+    from ray.train import ScalingConfig
+
+    return ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu,
+                         label_selector=ray_facts.pool_labels(cfg.pool) if cfg.pool else None)
+
+
 def build_trainer(cfg: TrainConfig, storage_filesystem: Any = None, *, quiet: bool = False,
                   inputs: dict | None = None):
     """TorchTrainer running trainer.loop.run.train_func; `quiet` hides Ray Train's own INFO logs.
@@ -142,7 +154,7 @@ def build_trainer(cfg: TrainConfig, storage_filesystem: Any = None, *, quiet: bo
     Ray retries nothing itself (max_failures 0; train() decides); preemptions keep Ray's own
     budget (FailureConfig.max_preemption_failures, unlimited by default).
     """
-    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig
     from ray.train.torch import TorchTrainer
 
     storage_path = cfg.storage_path
@@ -157,7 +169,7 @@ def build_trainer(cfg: TrainConfig, storage_filesystem: Any = None, *, quiet: bo
     return TorchTrainer(
         train_func,
         train_loop_config=loop_config,
-        scaling_config=ScalingConfig(num_workers=cfg.num_workers, use_gpu=cfg.use_gpu),
+        scaling_config=scaling_config(cfg),
         run_config=RunConfig(
             name=cfg.resolved_run_name,
             storage_path=storage_path,
@@ -216,7 +228,7 @@ def train(cfg: TrainConfig, storage_filesystem: Any = None, *, check: bool = Tru
 
     if check:
         inputs = preflight(cfg, storage_filesystem)["inputs"]
-    check_capacity(cfg.num_workers, cfg.use_gpu)
+    check_capacity(cfg.num_workers, cfg.use_gpu, cfg.pool)
     failures = 0
     while True:
         try:

@@ -28,7 +28,7 @@ from trainer.submit.job import (
     submit,
     submit_when_ready,
 )
-from trainer.submit.target import SubmitError, Target, catalog_row, stack_defaults, stack_gpus, stack_target
+from trainer.submit.target import GpuPool, SubmitError, Target, catalog_row, choose_pool, stack_defaults, stack_target
 
 
 def status_main(argv: list[str]) -> int:
@@ -86,7 +86,8 @@ def main(argv: list[str]) -> int:
     with contextlib.ExitStack() as stack:  # the stack's kubeconfig lives exactly as long as this block
         target, outputs = (stack.enter_context(stack_target(args.stack)) if args.stack and not args.address
                            else (None, {}))
-        defaults = stack_defaults(outputs)
+        pool = choose_pool(outputs, requested_pool(args, training))
+        defaults = stack_defaults(outputs, pool)
         cfg = load.from_args(argparse.Namespace(**training), defaults)
         cfg = dataclass_replace(cfg, run_name=cfg.resolved_run_name)
         cluster_storage = "storage_path" not in (defaults or {}) and not storage_chosen(args, training)
@@ -96,20 +97,28 @@ def main(argv: list[str]) -> int:
             if problems:
                 raise ConfigError(problems)
         env = job_environment(cfg, args.require_efa, parse_env(args.env))
-        check_capacity_of_stack(cfg, outputs)
+        check_capacity_of_pool(cfg, pool)
         check_here(cfg, cluster_storage)
         return submit_and_follow(args, target, cfg, env, cluster_storage)
 
 
-def check_capacity_of_stack(cfg, outputs: dict) -> None:
-    """More GPU workers than the stack's GPU nodes can ever hold would wait forever: refuse it here."""
+def requested_pool(args: argparse.Namespace, flags: dict) -> str | None:
+    """--pool, else the --config file's `pool`: it decides the defaults, so it is read before the rest (the
+    configuration then carries it to the job, which pins its workers to the pool)."""
+    if flags.get("pool"):
+        return flags["pool"]
+    return (load.load_yaml(args.config).get("pool") if args.config else None) or None
+
+
+def check_capacity_of_pool(cfg, pool: GpuPool | None) -> None:
+    """More GPU workers than the pool's nodes can ever hold would wait forever: refuse it here."""
     from trainer.jobs.cluster import ClusterError
 
-    gpus = stack_gpus(outputs)
-    if cfg.use_gpu and gpus is not None and cfg.num_workers > gpus:
-        raise ClusterError(f"--num-workers {cfg.num_workers} asks for {cfg.num_workers} GPUs; the stack has {gpus} "
-                           f"at most ({outputs.get('gpuNodeCount')} x {outputs.get('gpuNodeType')}); use "
-                           f"--num-workers {gpus} or fewer, or raise gpuNodeCount")
+    if cfg.use_gpu and pool is not None and cfg.num_workers > pool.gpus:
+        raise ClusterError(f"--num-workers {cfg.num_workers} asks for {cfg.num_workers} GPUs; node pool {pool.name} "
+                           f"has {pool.gpus} at most ({pool.max_nodes} x {pool.instance_type}); use --num-workers "
+                           f"{pool.gpus} or fewer, or give the pool more nodes (gpuNodeCount, or with nodePools "
+                           f"the pool's desiredSize or maxSize)")
 
 
 def check_here(cfg, cluster_storage: bool) -> None:
@@ -173,7 +182,9 @@ def bench_main(argv: list[str]) -> int:
     add_connection_arguments(parser)
     parser.add_argument("--workers", type=int, help="ranks (default: every GPU of the stack: nodes x GPUs per node)")
     parser.add_argument("--device", choices=("gpu", "cpu"), default="gpu", help="gpu (NCCL) or cpu (gloo)")
-    parser.add_argument("--instance-type", help="GPU instance type (default: the stack's gpuNodeType)")
+    parser.add_argument("--instance-type", help="GPU instance type (default: the pool's)")
+    parser.add_argument("--pool", help="GPU node pool to run on (default: the stack's only GPU pool; required when it "
+                                       "has several)")
     parser.add_argument("--min-bytes", type=int, default=nccl_bench.MIN_BYTES)
     parser.add_argument("--max-bytes", type=int, default=nccl_bench.MAX_BYTES)
     parser.add_argument("--iters", type=int, default=20)
@@ -187,8 +198,9 @@ def bench_main(argv: list[str]) -> int:
     with contextlib.ExitStack() as stack:  # the stack's kubeconfig lives exactly as long as this block
         target, outputs = (stack.enter_context(stack_target(args.stack)) if args.stack and not args.address
                            else (None, {}))
-        row = catalog_row(args.instance_type or outputs.get(stack_outputs.GPU_NODE_TYPE))
-        workers = args.workers or stack_gpus(outputs, args.instance_type)
+        pool = choose_pool(outputs, args.pool)
+        row = catalog_row(args.instance_type or (pool.instance_type if pool else None))
+        workers = args.workers or (pool.max_nodes * row.gpus if pool and row else None)
         if not workers or workers < 1:
             raise SubmitError("--workers: how many ranks? pass --workers N (or --stack to use every GPU of the stack)")
         env = {}
@@ -199,6 +211,8 @@ def bench_main(argv: list[str]) -> int:
                       "--max-bytes", str(args.max_bytes), "--iters", str(args.iters), "--warmup", str(args.warmup)]
         if row:
             bench_argv += ["--network-gbps", str(row.network_gbps), "--instance-type", row.name]
+        if args.pool:  # checked against the stack's pools above, when there is a stack
+            bench_argv += ["--pool", args.pool]
         if stack_outputs.CHECKPOINT_BUCKET_URI in outputs:
             bench_argv += ["--storage-path", outputs[stack_outputs.CHECKPOINT_BUCKET_URI]]
         with connect(args, target) as client, tempfile.TemporaryDirectory(prefix="nccl-bench-") as folder:

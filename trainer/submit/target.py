@@ -74,21 +74,68 @@ def kubectl(target: Target) -> list[str]:
     return ["kubectl", *(["--kubeconfig", target.kubeconfig] if target.kubeconfig else []), "-n", target.namespace]
 
 
-def stack_gpus(outputs: dict, instance_type: str | None = None) -> int | None:
-    """Every GPU of the stack: GPU nodes x GPUs per node of its instance type (None when unknown)."""
-    row = catalog_row(instance_type or outputs.get(stack_outputs.GPU_NODE_TYPE))
-    count = outputs.get(stack_outputs.GPU_NODE_COUNT)
-    return row.gpus * int(count) if row and count is not None else None
+@dataclass(frozen=True)
+class GpuPool:
+    """A GPU node pool of the stack that carries Ray workers, as its nodePools output describes it."""
+
+    name: str
+    instance_type: str
+    max_nodes: int
+    gpus_per_node: int
+    labelled: bool  # its worker group advertises facts.ray.pool_labels(name), so a label selector finds it
+
+    @property
+    def gpus(self) -> int:
+        return self.max_nodes * self.gpus_per_node
 
 
-def stack_defaults(outputs: dict) -> dict | None:
-    """What `submit --stack` trains on unless flags say otherwise: every GPU of the stack, its bucket."""
+def gpu_pools(outputs: dict) -> list[GpuPool]:
+    """The stack's GPU pools with Ray workers; a stack without the nodePools output has gpuNodeType/Count's one."""
+    found = outputs.get(stack_outputs.NODE_POOLS)
+    if found is None:
+        row = catalog_row(outputs.get(stack_outputs.GPU_NODE_TYPE))
+        count = outputs.get(stack_outputs.GPU_NODE_COUNT)
+        return [GpuPool("gpu", row.name, int(count), row.gpus, False)] if row and count is not None else []
+    return [GpuPool(name, pool[stack_outputs.POOL_INSTANCE_TYPE], int(pool[stack_outputs.POOL_MAX_SIZE]),
+                    int(pool[stack_outputs.POOL_GPUS_PER_NODE]),
+                    pool.get(stack_outputs.POOL_RAY_LABELS) == ray_facts.pool_labels(name))
+            for name, pool in found.items()
+            if pool.get(stack_outputs.POOL_GPUS_PER_NODE) and pool.get(stack_outputs.POOL_RAY_WORKER_GROUP)]
+
+
+def choose_pool(outputs: dict, name: str | None) -> GpuPool | None:
+    """The pool `--pool NAME` names; without it the stack's only GPU pool. None: the stack has none (or no outputs).
+
+    With several GPU pools a job's workers could land on any of them, or across them: the flag is
+    required then. A named pool pins the workers (TrainConfig.pool, a label selector), so it must
+    advertise its Ray label; the only GPU pool needs no pinning, a GPU worker has nowhere else to go.
+    """
+    pools = gpu_pools(outputs)
+    names = ", ".join(p.name for p in pools)
+    if name is None:
+        if len(pools) > 1:
+            raise SubmitError(f"--pool: the stack has {len(pools)} GPU node pools ({names}); its workers could land on "
+                              f"any of them, so name the one to train on, e.g. --pool {pools[0].name}")
+        return pools[0] if pools else None
+    if not outputs:
+        return None  # --address: the cluster's own worker groups carry (or lack) the label
+    chosen = next((p for p in pools if p.name == name), None)
+    if chosen is None:
+        raise SubmitError(f"--pool {name}: the stack has no GPU node pool of that name (with Ray workers); "
+                          + (f"use one of: {names}" if pools else "it has none: drop --pool"))
+    if not chosen.labelled:
+        raise SubmitError(f"--pool {name}: the stack's Ray worker groups carry no pool labels yet (deployed by an "
+                          f"older version of this program); run `pulumi up` to add them, then submit again")
+    return chosen
+
+
+def stack_defaults(outputs: dict, pool: GpuPool | None = None) -> dict | None:
+    """What `submit --stack` trains on unless flags say otherwise: every GPU of the pool, its type, the bucket."""
     defaults: dict = {}
     if stack_outputs.CHECKPOINT_BUCKET_URI in outputs:
         defaults["storage_path"] = outputs[stack_outputs.CHECKPOINT_BUCKET_URI]
-    gpus = stack_gpus(outputs)
-    if gpus:
-        defaults.update(device="gpu", num_workers=gpus)
+    if pool is not None and pool.gpus:
+        defaults.update(device="gpu", num_workers=pool.gpus, instance_type=pool.instance_type)
     return defaults or None
 
 
