@@ -74,6 +74,19 @@ def _setup(model_path, total=20):
     return model, opt, sched
 
 
+def _draws() -> dict:
+    """A few numbers from each RNG stream a checkpoint restores (torch CPU, Python's random, NumPy's global)."""
+    return {"torch": torch.rand(4), "python": [random.random() for _ in range(4)],
+            "numpy": np.random.rand(4).tolist()}
+
+
+def _assert_same_draws(got: dict, want: dict) -> None:
+    """Each stream on its own, so that the message names the one that was not restored."""
+    assert torch.equal(got["torch"], want["torch"]), "torch's CPU RNG was not restored"
+    assert got["python"] == want["python"], "Python's random was not restored"
+    assert got["numpy"] == want["numpy"], "NumPy's global RNG was not restored"
+
+
 def test_save_then_load_restores_model_optimizer_schedule_and_rng(process_group, demo_assets, tmp_path):
     tok = load_tokenizer(demo_assets["model"])
     data = prepare(str(demo_assets["train"]), "train", tok, 128, tmp_path / "cache")
@@ -84,17 +97,20 @@ def test_save_then_load_restores_model_optimizer_schedule_and_rng(process_group,
     store = Storage.from_uri(str(tmp_path / "run"))
     torch.manual_seed(123), random.seed(123), np.random.seed(123)
     path = ckpt.save(store, 3, model, opt, sched, data.position(3, 4))
-    expected_rng = (torch.rand(1), random.random(), np.random.rand())
+    expected_rng = _draws()
     lr_at_save = opt.param_groups[0]["lr"]
     assert path.endswith(ckpt.dir_name(3)) and ckpt.is_complete(store, ckpt.dir_name(3))
+    # tensors and plain values only: the file loads with the safe unpickler and nothing allowlisted
+    assert torch.load(tmp_path / "run" / ckpt.dir_name(3) / "rng" / "rank_0.pt", weights_only=True).keys() >= {
+        "python", "numpy", "torch"}
     continued = [float(train_step(model, opt, sched, batches(s), device=torch.device("cpu"), collectives=ONE_PROCESS).loss)
                  for s in (3, 4)]
 
     model2, opt2, sched2 = _setup(demo_assets["model"])
-    torch.manual_seed(999)
+    torch.manual_seed(999), random.seed(999), np.random.seed(999)  # every stream elsewhere: each must be restored
     state = ckpt.load(store, ckpt.resume_point(store), model2, opt2, sched2)
     assert state["step"] == 3 and state["data_position"]["rows_consumed"] == 12
-    assert (torch.rand(1), random.random(), np.random.rand()) == expected_rng
+    _assert_same_draws(_draws(), expected_rng)
     assert sched2.last_epoch == 3 and opt2.param_groups[0]["lr"] == pytest.approx(lr_at_save)
     resumed = [float(train_step(model2, opt2, sched2, batches(s), device=torch.device("cpu"), collectives=ONE_PROCESS).loss)
                for s in (3, 4)]
@@ -163,3 +179,64 @@ def test_checkpoints_outside_rays_bookkeeping_are_pruned_by_the_same_keep_rule(p
     store.write_text("{}", ckpt.RAY_SNAPSHOT)  # Ray deleted step 1 and tracks nothing else
     ckpt.save(store, 5, model, opt, sched, {"rows_consumed": 5}, keep=2)
     assert [n for n in store.list_dirs() if ckpt.step_of(n)] == [ckpt.dir_name(4), ckpt.dir_name(5)]
+
+
+def _rewrite_rng(store: Storage, name: str, state, marker_format: int) -> None:
+    """Replace rank 0's RNG file, and record it in a marker of `marker_format` so that the checkpoint stays complete."""
+    import hashlib
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    store.write_bytes(buffer.getvalue(), name, "rng", "rank_0.pt")
+    marker = json.loads(store.read_text(name, ckpt.MARKER))
+    marker["format"] = marker_format
+    marker["files"]["rng/rank_0.pt"] = {"size": len(buffer.getvalue()), "sha256": hashlib.sha256(buffer.getvalue()).hexdigest()}
+    store.write_text(json.dumps(marker), name, ckpt.MARKER)
+
+
+def test_a_checkpoint_of_the_pickled_rng_format_still_resumes_bit_exact(process_group, demo_assets, tmp_path):
+    """Formats 1-2 pickled NumPy's key as an ndarray: read with weights_only=True and only that allowlisted."""
+    store = _saved_run(demo_assets, tmp_path, steps=(1,))
+    torch.manual_seed(7), random.seed(7), np.random.seed(7)
+    legacy = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    expected = _draws()
+    _rewrite_rng(store, ckpt.dir_name(1), legacy, marker_format=2)
+    assert ckpt.resume_point(store) == ckpt.dir_name(1)
+    model, opt, sched = _setup(demo_assets["model"])
+    torch.manual_seed(999), random.seed(999), np.random.seed(999)
+    ckpt.load(store, ckpt.dir_name(1), model, opt, sched)
+    _assert_same_draws(_draws(), expected)
+    # the allowlist is for formats 1-2 alone: the same file under this trainer's marker is refused
+    _rewrite_rng(store, ckpt.dir_name(1), legacy, marker_format=ckpt.MARKER_FORMAT)
+    with pytest.raises(ckpt.CheckpointError, match=r"rng/rank_0.pt: not an RNG state of tensors and plain values.*"
+                                                    r"it pickles numpy\._?core\.multiarray\._reconstruct"):
+        ckpt.load(store, ckpt.dir_name(1), model, opt, sched)
+
+
+class _RunsCode:
+    """A pickled object whose unpickling runs code: here, it makes a folder."""
+
+    def __init__(self, folder):
+        self.folder = str(folder)
+
+    def __reduce__(self):
+        import os
+
+        return os.mkdir, (self.folder,)
+
+
+@pytest.mark.parametrize("marker_format", [2, ckpt.MARKER_FORMAT])
+def test_an_rng_file_holding_a_pickled_object_is_refused_without_running_it(process_group, demo_assets, tmp_path,
+                                                                              marker_format):
+    """A pickle from storage is code execution: refused with a CheckpointError naming the file and the global."""
+    store = _saved_run(demo_assets, tmp_path, steps=(1,))
+    ran = tmp_path / "code-ran"
+    _rewrite_rng(store, ckpt.dir_name(1), {"python": _RunsCode(ran), "numpy": None, "torch": None}, marker_format)
+    model, opt, sched = _setup(demo_assets["model"])
+    with pytest.raises(ckpt.CheckpointError) as refused:
+        ckpt.load(store, ckpt.resume_point(store), model, opt, sched)
+    message = str(refused.value)
+    assert message.startswith(f"checkpoint {store.path(ckpt.dir_name(1))}: rng/rank_0.pt: not an RNG state")
+    assert message.endswith("(a pickle from storage could run code); it pickles posix.mkdir")
+    assert "\n" not in message and not ran.exists()

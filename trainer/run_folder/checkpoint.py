@@ -2,7 +2,7 @@
 
 Layout of one checkpoint, `<run>/checkpoint_<step>/`:
   *.distcp, .metadata   torch.distributed.checkpoint shards of model and optimizer
-  rng/rank_<r>.pt       each rank's Python/NumPy/torch RNG state
+  rng/rank_<r>.pt       each rank's Python/NumPy/torch RNG state, tensors and plain values only
   train_state.json      step, data position, scheduler state, world size
   COMPLETE.json         written last, after every rank's files are in storage
 
@@ -18,10 +18,15 @@ collective waiting for another), and no marker is written.
 A marker is trusted only when this trainer reads its format (MARKER_FORMAT is written,
 READABLE_FORMATS are read) and while the files it lists are still there at their recorded
 sizes, so a folder that lost files afterwards (a deletion cut short) is skipped too. The
-marker (format 2) also records each file's sha256, computed from the bytes as they were
+marker (from format 2) also records each file's sha256, computed from the bytes as they were
 written (DCP's streams, the RNG and train state), not read back; on resume the ranks
 verify them, a share of the files each, and a checkpoint whose content changed (a
 same-size corruption) is skipped with a log line for the previous complete one.
+
+The RNG files are read with torch.load(weights_only=True): a pickle from storage can run code,
+so anything but tensors and plain values is refused with a CheckpointError. Format 3 holds only
+those; formats 1-2 pickled NumPy's MT19937 key as an ndarray, which is let through for them alone
+(the NumPy globals that rebuild a uint32 array), so their checkpoints still resume bit-exact.
 
 After every save, checkpoint folders that Ray's own bookkeeping does not track (a save
 that never got reported, a crashed attempt's leftover) are pruned by the same rule Ray
@@ -35,6 +40,7 @@ import io
 import json
 import logging
 import os
+import pickle
 import random
 import re
 import shutil
@@ -53,8 +59,9 @@ from trainer.storage import Storage
 log = logging.getLogger(__name__)
 
 MARKER = "COMPLETE.json"
-MARKER_FORMAT = 2  # written by this trainer: 2, sha256 per file; 1, sizes only
-READABLE_FORMATS = (1, 2)  # a marker of another format (a newer trainer's) is never resumed from
+MARKER_FORMAT = 3  # written by this trainer: 3, RNG files without pickled objects; 2, sha256 per file; 1, sizes only
+READABLE_FORMATS = (1, 2, 3)  # a marker of another format (a newer trainer's) is never resumed from
+TENSOR_ONLY_RNG = 3  # the first format whose RNG files load with weights_only=True and nothing allowlisted
 RAY_SNAPSHOT = "checkpoint_manager_snapshot.json"  # Ray Train's record of the checkpoints it tracks
 TRAIN_STATE = "train_state.json"
 PREFIX = "checkpoint_"
@@ -94,18 +101,54 @@ def _world() -> int:
 
 
 def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every RNG stream as tensors and plain values, so that the file loads with weights_only=True."""
+    name, key, pos, has_gauss, cached_gaussian = np.random.get_state()
+    state = {"python": random.getstate(),  # (version, 625 ints, gauss_next): plain values already
+             "numpy": (name, torch.from_numpy(key.astype(np.int64)), int(pos), int(has_gauss), float(cached_gaussian)),
+             "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
 def set_rng_state(state: dict) -> None:
+    """Restores what rng_state saved; NumPy's key may also be the ndarray of a format 1-2 file."""
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, key, *rest = state["numpy"]
+    np.random.set_state((name, np.asarray(key, dtype=np.uint32), *rest))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
+
+
+def _legacy_rng_globals() -> list:
+    """What rebuilds the uint32 ndarray a format 1-2 RNG file pickled NumPy's key as; nothing else."""
+    return [np.zeros(1).__reduce__()[0], np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def _read_rng(path: Path, marker_format: int) -> dict:
+    """An RNG file read with weights_only=True; CheckpointError when it holds anything else."""
+    allowed = _legacy_rng_globals() if marker_format < TENSOR_ONLY_RNG else []
+    shown = f"{path.parent.name}/{path.name}"
+    try:
+        with torch.serialization.safe_globals(allowed):
+            state = torch.load(path, weights_only=True)
+    except pickle.UnpicklingError:
+        raise CheckpointError(f"{shown}: not an RNG state of tensors and plain values, so it is not loaded (a pickle "
+                              f"from storage could run code); it pickles {_pickled_globals(path, allowed)}") from None
+    if not isinstance(state, dict) or not {"python", "numpy", "torch"} <= state.keys():
+        raise CheckpointError(f"{shown}: not an RNG state (want a dict of python, numpy and torch states)")
+    return state
+
+
+def _pickled_globals(path: Path, allowed: list) -> str:
+    """The globals a file's pickle names beyond those allowed, found without unpickling it."""
+    try:
+        found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except Exception as e:  # noqa: BLE001 - only the message's detail: the file is refused either way
+        return f"something unreadable ({type(e).__name__})"
+    allowed_names = {f"{g.__module__}.{g.__qualname__}" for g in allowed}
+    return ", ".join(g for g in found if g not in allowed_names) or "objects weights_only=True does not load"
 
 
 def _sharded_state(model, optimizer) -> dict:
@@ -190,7 +233,7 @@ def _write_hashed(data: bytes, path: Path, digests: dict[str, str]) -> None:
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint could not be written completely: it has no marker and is never resumed from."""
+    """A checkpoint could not be written completely (it has no marker and is never resumed from), or not read."""
 
 
 def _gather(value):
@@ -438,5 +481,16 @@ def load(storage: Storage, name: str, model, optimizer, scheduler) -> dict:
             scheduler.load_state_dict(train_state["scheduler"])
         rng_file = folder / "rng" / f"rank_{_rank()}.pt"
         if rng_file.is_file() and train_state.get("world_size") == _world():
-            set_rng_state(torch.load(rng_file, weights_only=False))
+            try:
+                set_rng_state(_read_rng(rng_file, _marker_format(folder)))
+            except CheckpointError as e:
+                raise CheckpointError(f"checkpoint {storage.path(name)}: {e}") from None
     return train_state
+
+
+def _marker_format(folder: Path) -> int:
+    """The format of a checkpoint's marker; this trainer's own when there is none to read."""
+    try:
+        return int(json.loads((folder / MARKER).read_text()).get("format", 1))
+    except (OSError, ValueError, AttributeError, TypeError):
+        return MARKER_FORMAT
