@@ -12,8 +12,7 @@ docs/troubleshooting.md, Exit codes).
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # the work ran and failed
@@ -37,22 +36,6 @@ EXIT_CODES: dict[int, tuple[str, str]] = {
     EXIT_INTERRUPTED: ("interrupted (Ctrl-C)", "every command"),
 }
 
-_NO_VALUE: Any = object()
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One thing wrong with the input: where (a key, flag or file), the value, why, and the fix."""
-
-    key: str
-    why: str
-    value: Any = _NO_VALUE
-    fix: str | None = None
-
-    def __str__(self) -> str:
-        value = "" if self.value is _NO_VALUE else f"{self.value!r} "
-        return f"{self.key}: {value}{self.why}" + (f"; {self.fix}" if self.fix else "")
-
 
 class UserError(Exception):
     """Input the user can fix. Printed as `error: <message>` with no traceback; the process exits `exit_code`."""
@@ -65,7 +48,7 @@ class ProblemsError(UserError):
 
     title = "invalid input"
 
-    def __init__(self, problems: Iterable[Problem | str], title: str | None = None):
+    def __init__(self, problems: Iterable[str], title: str | None = None):
         self.problems = [str(p) for p in problems]
         if title is not None:
             self.title = title
@@ -80,17 +63,14 @@ class Problems:
     """Collects problems while input is checked; `raise_if_any` reports them all at once."""
 
     def __init__(self) -> None:
-        self._items: list[Problem | str] = []
+        self._items: list[str] = []
 
-    def add(self, key: str, why: str, *, value: Any = _NO_VALUE, fix: str | None = None) -> None:
-        self._items.append(Problem(key, why, value, fix))
+    def append(self, problem: str) -> None:
+        """A problem written out as `key: the value, what is wrong; the fix`."""
+        self._items.append(str(problem))
 
-    def append(self, problem: Problem | str) -> None:
-        """A problem already written out as `key: what is wrong; the fix`."""
-        self._items.append(problem)
-
-    def extend(self, problems: Iterable[Problem | str]) -> None:
-        self._items.extend(problems)
+    def extend(self, problems: Iterable[str]) -> None:
+        self._items.extend(map(str, problems))
 
     def __bool__(self) -> bool:
         return bool(self._items)
@@ -99,11 +79,11 @@ class Problems:
         return len(self._items)
 
     def __iter__(self):
-        return (str(p) for p in self._items)
+        return iter(self._items)
 
     def raise_if_any(self, error: Callable[[list[str]], ProblemsError] = ProblemsError) -> None:
         if self._items:
-            raise error([str(p) for p in self._items])
+            raise error(list(self._items))
 
 
 def first_line(err: BaseException) -> str:

@@ -6,21 +6,16 @@ import pytest
 from facts import errors
 
 
-def test_a_problem_names_the_key_the_value_why_and_the_fix():
-    problem = errors.Problem("raytrain-eks:gpuNodeCount", "is out of range", value=0, fix="set 1 to 64")
-    assert str(problem) == "raytrain-eks:gpuNodeCount: 0 is out of range; set 1 to 64"
-    assert str(errors.Problem("--stack", "not set")) == "--stack: not set"
-
-
 def test_problems_are_collected_then_raised_together():
     problems = errors.Problems()
     problems.raise_if_any()  # nothing yet: no error
-    problems.add("a", "is wrong", fix="fix a")
+    assert not problems and len(problems) == 0
+    problems.append("a: is wrong; fix a")
     problems.append("b: is wrong too; fix b")
     problems.extend(["c: third"])
     with pytest.raises(errors.ProblemsError) as info:
         problems.raise_if_any()
-    assert info.value.problems == ["a: is wrong; fix a", "b: is wrong too; fix b", "c: third"]
+    assert info.value.problems == ["a: is wrong; fix a", "b: is wrong too; fix b", "c: third"] == list(problems)
     assert str(info.value).startswith("invalid input (3 problem(s)):\n  - a: is wrong; fix a\n")
     assert info.value.exit_code == errors.EXIT_USAGE
 
