@@ -113,5 +113,3 @@ RULES: tuple[Rule, ...] = (
          "A RayCluster's namespace has a NetworkPolicy that denies all ingress by default.",
          "stack", ray_namespace_default_deny),
 )
-
-BY_NAME: dict[str, Rule] = {r.name: r for r in RULES}

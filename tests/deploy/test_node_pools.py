@@ -10,8 +10,9 @@ import pytest
 from deploy import offline, program
 from deploy.config import ConfigError, load
 from infra import cost
-from policy import model, rules
+from policy import model
 from tests.examples import documented_stack
+from tests.policy import rule_named
 from tests.stacks import read_stack_file
 
 REPO = Path(__file__).resolve().parents[2]
@@ -130,8 +131,8 @@ def test_the_cost_has_one_part_per_pool(pools_run):
 
 def test_the_policy_pack_caps_the_gpu_nodes_of_every_gpu_pool(pools_run):
     resources = [model.Resource(r.type, r.name, r.outputs, f"urn:{r.name}", f"{r.name}-id") for r in pools_run.resources]
-    assert rules.BY_NAME["max-gpu-nodes"].check(resources, {"maxGpuNodes": 4}) == []  # gpu 2 + l40s 2, not data
-    (violation,) = rules.BY_NAME["max-gpu-nodes"].check(resources, {"maxGpuNodes": 3})
+    assert rule_named("max-gpu-nodes").check(resources, {"maxGpuNodes": 4}) == []  # gpu 2 + l40s 2, not data
+    (violation,) = rule_named("max-gpu-nodes").check(resources, {"maxGpuNodes": 3})
     assert "can run 4 GPU nodes (" in violation.message
     assert "gpu-ng: 2" in violation.message and "l40s-ng: 2" in violation.message and "data-ng" not in violation.message
 

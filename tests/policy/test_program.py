@@ -8,6 +8,7 @@ import pytest
 from deploy import offline
 from policy import model, rules
 
+from . import rule_named
 from .conftest import STACKS, Plan, evaluate, pack_config, plan_stack
 
 RAY_CLUSTER = "kubernetes:ray.io/v1:RayCluster"
@@ -33,9 +34,9 @@ def test_every_stack_passes_every_policy_with_its_config(plans, stack):
 @pytest.mark.parametrize("stack", STACKS)
 def test_each_stack_config_names_real_policies_with_valid_settings(stack):
     config = pack_config(stack)
-    assert set(config) <= set(rules.BY_NAME)
+    assert set(config) <= {r.name for r in rules.RULES}
     for name, settings in config.items():
-        rules.BY_NAME[name].config(settings)
+        rule_named(name).config(settings)
 
 
 def only(found: dict[str, list], rule: str) -> list:

@@ -7,13 +7,14 @@ import pytest
 
 from policy import model, rules
 from policy.model import UNKNOWN, PolicyConfigError, Resource
-from policy.rules import BY_NAME
+
+from . import rule_named
 
 DIGEST = "public.ecr.aws/deep-learning-containers/ray@sha256:" + "0123456789abcdef" * 4
 
 
 def check(rule: str, resource_type: str, props: dict, **config) -> list[str]:
-    return BY_NAME[rule].check((resource_type, props), config)
+    return rule_named(rule).check((resource_type, props), config)
 
 
 # --- imdsv2-required ---------------------------------------------------------------
@@ -320,7 +321,7 @@ def efa_stack(*, ingress=True, egress=True, rule_style="vpc", known_ids=True) ->
 
 
 def efa(stack, **config):
-    return BY_NAME["efa-security-group-self-rules"].check(stack, config)
+    return rule_named("efa-security-group-self-rules").check(stack, config)
 
 
 @pytest.mark.parametrize("style", ["vpc", "ec2", "inline"])
@@ -375,7 +376,7 @@ def node_group(name, instance_type, max_size, ami="AL2023_x86_64_STANDARD", **ex
 
 
 def gpus(stack, **config):
-    return BY_NAME["max-gpu-nodes"].check(stack, config)
+    return rule_named("max-gpu-nodes").check(stack, config)
 
 
 def test_gpu_nodes_within_the_default_cap():
@@ -424,7 +425,7 @@ def test_node_groups_only_in_subnets_without_public_ips():
     private = Resource(model.SUBNET, "private-a", {"mapPublicIpOnLaunch": False}, "urn:a", "subnet-a")
     public = Resource(model.SUBNET, "public-a", {"mapPublicIpOnLaunch": True}, "urn:b", "subnet-b")
     group = node_group("system", "m7i.xlarge", 1, subnetIds=["subnet-a"])
-    check_subnets = BY_NAME["nodes-in-private-subnets"].check
+    check_subnets = rule_named("nodes-in-private-subnets").check
     assert check_subnets([private, public, group]) == []
     group.props["subnetIds"].append("subnet-b")
     (violation,) = check_subnets([private, public, group])
@@ -453,11 +454,11 @@ def test_every_setting_has_a_valid_default_and_a_schema_type():
 ])
 def test_bad_config_names_the_setting_and_the_fix(rule, config, expected):
     with pytest.raises(PolicyConfigError, match=expected.replace("(", r"\(").replace(")", r"\)")):
-        BY_NAME[rule].config(config)
+        rule_named(rule).config(config)
 
 
 def test_config_from_the_engine_integer_floats_and_enforcement_level_are_accepted():
-    assert BY_NAME["max-gpu-nodes"].config({"maxGpuNodes": 2.0, "enforcementLevel": "advisory"}) == {"maxGpuNodes": 2}
+    assert rule_named("max-gpu-nodes").config({"maxGpuNodes": 2.0, "enforcementLevel": "advisory"}) == {"maxGpuNodes": 2}
 
 
 # --- images-by-digest: the Helm releases' images --------------------------------------------------------

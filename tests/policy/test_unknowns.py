@@ -8,6 +8,7 @@ from typing import Any, Iterator
 from policy import model, rules
 from policy.model import UNKNOWN
 
+from . import rule_named
 from .conftest import first_preview
 from .test_rules import DIGEST, ingress, ray_cluster, service
 
@@ -102,10 +103,10 @@ def test_the_whole_program_on_its_first_preview(plans):
         for rule in (r for r in rules.RULES if r.kind == "stack"):
             assert rule.check(stack) == [], rule.name
         without_egress = [r for r in stack if r.type != model.VPC_EGRESS]
-        (violation,) = rules.BY_NAME["efa-security-group-self-rules"].check(without_egress)
+        (violation,) = rule_named("efa-security-group-self-rules").check(without_egress)
         count = len(efa_lt.props["networkInterfaces"])
         span = "[0]" if count == 1 else f"[0..{count - 1}] ({count})"
         assert f"gpu-efa on gpu-lt EFA interfaces {span} lacks the all-traffic egress rule" in violation.message
         public = [model.Resource(r.type, r.name, {**r.props, "mapPublicIpOnLaunch": True}, r.urn, r.id, r.deps)
                   if r.type == model.SUBNET else r for r in stack]
-        assert rules.BY_NAME["nodes-in-private-subnets"].check(public)
+        assert rule_named("nodes-in-private-subnets").check(public)
