@@ -564,10 +564,6 @@ class StackConfig:
         return ray_facts.head_service(self.ray_cluster_name)
 
     @property
-    def image_is_digest(self) -> bool:
-        return images.parse(self.dlc_image).is_pinned
-
-    @property
     def resource_tags(self) -> dict[str, str]:
         """Tags for every AWS resource: the user's plus the project and stack."""
         return {"project": self.project, "stack": self.stack, **self.tags}

@@ -354,7 +354,7 @@ def test_same_process_split_over_two_files_is_one_rank(tmp_path):
 def test_one_socket_rank_makes_its_node_socket():
     lines = rank_log(NODE_A, 4200, 0) + rank_log(NODE_A, 4203, 3, net="socket")
     report = efa.analyze_lines(lines)
-    node = report.node(NODE_A)
+    (node,) = [n for n in report.nodes if n.host == NODE_A]
     assert node.transport is Transport.SOCKET
     assert [r.rank for r in node.deciding] == [3]
     assert report.transport is Transport.SOCKET and efa.exit_code(report) == errors.EXIT_SOCKETS

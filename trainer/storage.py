@@ -38,9 +38,6 @@ class Storage:
     def path(self, *parts: str) -> str:
         return posixpath.join(self.root, *parts) if parts else self.root
 
-    def child(self, *parts: str) -> "Storage":
-        return Storage(self.fs, self.path(*parts))
-
     def exists(self, *parts: str) -> bool:
         return self.fs.get_file_info(self.path(*parts)).type != pafs.FileType.NotFound
 
@@ -53,10 +50,6 @@ class Storage:
             return []
         infos = self.fs.get_file_info(pafs.FileSelector(self.path(*parts), recursive=False))
         return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory)
-
-    def list_files(self, *parts: str) -> list[str]:
-        """Relative paths of all files below a folder."""
-        return sorted(self.file_sizes(*parts))
 
     def file_sizes(self, *parts: str) -> dict[str, int]:
         """Relative path -> size in bytes of every file below a folder, as the storage lists them now."""

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from deploy.config import DEFAULT_DLC_IMAGE, ConfigError, load
-from facts import catalog
+from facts import catalog, images
 
 GOOD = {"aws:region": "us-east-1", "raytrain-eks:apiAccessCidrs": ["203.0.113.10/32"]}
 
@@ -35,7 +35,7 @@ def test_defaults_match_the_reference_deployment():
     assert dict(gpu.labels) == {"role": "gpu-worker", "nvidia.com/gpu.present": "true"}
     assert dict(system.labels) == {"role": "system"} and not system.taints and not system.ray_worker_group
     assert cfg.ray_version == "2.58.0" and cfg.kuberay_version == "1.7.0"
-    assert cfg.dlc_image == DEFAULT_DLC_IMAGE and not cfg.image_is_digest
+    assert cfg.dlc_image == DEFAULT_DLC_IMAGE and not images.parse(cfg.dlc_image).digest  # a tag: the plan pins it
     assert cfg.retain_checkpoints_on_destroy is True and cfg.checkpoint_bucket is None
     assert cfg.availability_zone is None and cfg.admin_role_arns == ()
     assert cfg.api_access_cidrs == ("203.0.113.10/32",)
@@ -69,7 +69,7 @@ def test_a_capacity_reservation_turns_the_default_placement_group_off():
 def test_digest_image_is_used_as_is():
     image = "public.ecr.aws/deep-learning-containers/ray@sha256:" + "ab" * 32
     cfg = load({**GOOD, "raytrain-eks:dlcImage": image}, stack="dev")
-    assert cfg.dlc_image == image and cfg.image_is_digest
+    assert cfg.dlc_image == image and images.parse(cfg.dlc_image).digest == "sha256:" + "ab" * 32
 
 
 BAD = [

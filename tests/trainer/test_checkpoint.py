@@ -27,7 +27,7 @@ def test_storage_round_trips_files_and_lists_folders(tmp_path):
     (tmp_path / "local" / "x.bin").write_bytes(b"\x00\x01")
     store.upload_dir(tmp_path / "local", "c")
     assert store.read_text("a", "b.txt") == "hello" and store.list_dirs() == ["a", "c"]
-    assert store.list_files() == ["a/b.txt", "c/x.bin"]
+    assert store.file_sizes() == {"a/b.txt": 5, "c/x.bin": 2}
     store.download_dir(tmp_path / "back", "c")
     assert (tmp_path / "back" / "x.bin").read_bytes() == b"\x00\x01"
     store.delete_dir("a")

@@ -154,12 +154,6 @@ class EfaReport:
     def transport(self) -> Transport:
         return worst(n.transport for n in self.nodes)
 
-    def node(self, host: str) -> NodeVerdict:
-        for n in self.nodes:
-            if n.host == host:
-                return n
-        raise KeyError(f"no NCCL lines from host {host!r}; hosts seen: {[n.host for n in self.nodes]}")
-
 
 def worst(transports: Iterable[Transport]) -> Transport:
     return min(transports, key=SEVERITY.__getitem__, default=Transport.UNKNOWN)
