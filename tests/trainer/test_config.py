@@ -409,3 +409,18 @@ def test_every_declared_flag_is_a_command_line_flag_with_its_help_and_default(ca
     for name, f in FLAGS.items():
         assert flag(name) in out
         assert " ".join(f.help.split())[:40] in out
+
+
+def test_a_config_file_naming_the_storage_chooses_it_as_a_flag_would(tmp_path):
+    """submit leaves the run on the cluster's storage only when neither flags nor --config name one."""
+    import argparse
+
+    from trainer.submit.cli import storage_chosen
+
+    named, other = tmp_path / "named.yaml", tmp_path / "other.yaml"
+    named.write_text("storage-path: s3://b/runs\n")  # dashes, as TRL-style files write keys
+    other.write_text("lr: 0.001\n")
+    assert storage_chosen(argparse.Namespace(config=str(named)), {})
+    assert not storage_chosen(argparse.Namespace(config=str(other)), {})
+    assert not storage_chosen(argparse.Namespace(config=None), {})
+    assert storage_chosen(argparse.Namespace(config=None), {"out": "runs/x"})

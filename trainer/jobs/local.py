@@ -26,7 +26,7 @@ from typing import Iterator, Sequence
 from facts.errors import EXIT_FAILED, EXIT_OK, UserError
 from trainer import demo
 from trainer.config.flags import ConfigError, TrainConfig, validate
-from trainer.config.load import add_arguments, from_args, load_yaml, split_out
+from trainer.config.load import add_arguments, from_args, split_out, yaml_keys
 from trainer.jobs.cluster import check_reachable
 from trainer.jobs.launch import connect, preflight, print_notes, train
 from trainer.loop.metrics import read_metrics
@@ -65,10 +65,7 @@ def make_config(args: argparse.Namespace, out: Path) -> TrainConfig:
     given = dict(vars(args))
     given.pop("address", None)
     given.pop("out", None)
-    yaml_keys: set[str] = set()
-    if given.get("config"):
-        yaml_keys = {str(k).replace("-", "_") for k in load_yaml(given["config"])}
-    explicit = set(given) | yaml_keys
+    explicit = set(given) | yaml_keys(given.get("config"))
     defaults = {**DEFAULTS, "model": str(out / DEMO_MODEL), "dataset": str(out / DEMO_DATA / "train.jsonl"),
                 **split_out(str(out))}
     cfg = from_args(argparse.Namespace(**given), defaults)

@@ -149,8 +149,7 @@ def storage_chosen(args: argparse.Namespace, flags: dict) -> bool:
     """Did --storage-path/--out, or the --config file, name the storage? If not, the cluster's default applies."""
     if "storage_path" in flags or "out" in flags:
         return True
-    keys = {str(k).replace("-", "_") for k in load.load_yaml(args.config)} if args.config else set()
-    return bool(keys & {"storage_path", "out"})
+    return bool(load.yaml_keys(args.config) & {"storage_path", "out"})
 
 
 def submit_and_follow(args: argparse.Namespace, target: Target | None, cfg, env: dict[str, str],
