@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from facts import errors
+from tests.guards import nonempty
 from trainer import efa
 from trainer.__main__ import main as trainer_main
 from trainer.efa import Transport
@@ -291,7 +292,7 @@ def test_per_rank_verdicts_keep_rank_pid_device_and_evidence(tmp_path):
     rank1 = report.ranks[1]
     assert rank1.transport is Transport.EFA
     text = log.read_text().splitlines()
-    for ev in rank1.evidence:
+    for ev in nonempty(rank1.evidence, "evidence lines of rank 1"):
         assert text[ev.line_no - 1] == ev.text and ev.source == str(log)
     assert [e.message for e in rank1.evidence] == [
         "NET/OFI Selected provider is efa, fabric is efa (found 1 nics)", "Using network Libfabric"]

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.guards import nonempty
+
 REPO = Path(__file__).resolve().parent.parent
 OURS = ("facts", "infra", "workloads", "deploy", "trainer", "policy", "tests")
 ALLOWED = {  # package -> which of ours it may import
@@ -37,13 +39,13 @@ def imported(path: Path) -> set[str]:
 
 @pytest.mark.parametrize("package", sorted(ALLOWED))
 def test_each_package_imports_only_the_layers_below_it(package):
-    for path in sorted((REPO / package).rglob("*.py")):
+    for path in nonempty(sorted((REPO / package).rglob("*.py")), "modules of the package"):
         ours = imported(path) & set(OURS)
         assert ours <= ALLOWED[package], f"{path.relative_to(REPO)} imports {sorted(ours - ALLOWED[package])}"
 
 
 def test_facts_needs_nothing_but_the_standard_library():
-    for path in sorted((REPO / "facts").rglob("*.py")):
+    for path in nonempty(sorted((REPO / "facts").rglob("*.py")), "modules of facts"):
         foreign = imported(path) - set(sys.stdlib_module_names) - {"facts", "__future__"}
         assert not foreign, f"{path.name} imports {sorted(foreign)}"
 

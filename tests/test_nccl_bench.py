@@ -9,13 +9,14 @@ import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tests.guards import nonempty
 from trainer.efa import nccl_bench
 
 
 def test_message_sizes_span_8_bytes_to_1_gib():
     sizes = nccl_bench.message_sizes()
     assert sizes[0] == 8 and sizes[-1] == 1 << 30 and len(sizes) == 28
-    assert all(b == 2 * a for a, b in pairwise(sizes))
+    assert all(b == 2 * a for a, b in nonempty(pairwise(sizes), "message sizes"))
     with pytest.raises(ValueError, match="min"):
         nccl_bench.message_sizes(2, 8)
 
@@ -62,4 +63,4 @@ def test_measure_runs_real_all_reduces_over_gloo():
         assert p.exitcode == 0
     (_, sizes0, times0), (_, sizes1, times1) = results
     assert sizes0 == sizes1 == [8, 1024, 65536]
-    assert times0 == times1 and all(t > 0 for t in times0)  # every rank reports the slowest rank's time
+    assert times0 == times1 and all(t > 0 for t in nonempty(times0, "timings"))  # every rank reports the slowest rank's time

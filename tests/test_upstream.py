@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from tests import upstream
+from tests.guards import nonempty
 
 REPO = upstream.REPO
 
@@ -76,7 +77,7 @@ def test_a_version_missing_from_the_index_is_named(chart_repository, tmp_path):
 
 
 def test_the_offline_copies_match_their_pins():
-    for artifact in upstream.ARTIFACTS.values():
+    for artifact in nonempty(upstream.ARTIFACTS.values(), "pinned upstream artefacts"):
         data = upstream.path(artifact.name).read_bytes()
         if artifact.sha256:
             assert hashlib.sha256(data).hexdigest() == artifact.sha256, artifact.name

@@ -7,6 +7,7 @@ import pytest
 
 from deploy.config import DEFAULT_DLC_IMAGE, ConfigError, load
 from facts import catalog, images
+from tests.guards import nonempty
 
 GOOD = {"aws:region": "us-east-1", "raytrain-eks:apiAccessCidrs": ["203.0.113.10/32"]}
 
@@ -181,7 +182,7 @@ def test_all_problems_are_reported_together():
 
 def test_unknown_gpu_type_lists_the_supported_ones():
     (problem,) = problems_for(gpuNodeType="g5.12xlarge")
-    for name in catalog.GPU_TYPES:
+    for name in nonempty(catalog.GPU_TYPES, "GPU types in the catalog"):
         assert name in problem
 
 
@@ -240,7 +241,7 @@ def test_every_declared_key_is_a_stack_config_field_with_the_declared_default():
     pool_sources = set(config.KEYS) - set(sets)
     assert pool_sources == {"nodePools", *config.SHORTHAND_KEYS}  # these build node_pools, they set no field
     assert config.SHORTHAND_KEYS[:4] == ("systemNodeType", "systemNodeCount", "gpuNodeType", "gpuNodeCount")
-    for key, name in sets.items():
+    for key, name in nonempty(sets.items(), "stack keys that set a field"):
         camel = name.split("_")[0] + "".join(w.capitalize() for w in name.split("_")[1:])
         assert camel == key, (key, name)
         assert _field_default(by_field[name]) == config.KEYS[key].default, key
@@ -284,7 +285,7 @@ def test_load_sets_every_field_from_its_own_key():
              "retainCheckpointsOnDestroy": False, "tags": {"team": "ml"}, "scaleToZero": True}
     assert set(config.key_fields()) - set(given) == {"apiAccessCidrs"}  # GOOD sets it; a new key needs a value here
     cfg = load({**GOOD, **{f"raytrain-eks:{k}": v for k, v in given.items()}}, stack="dev")
-    for key, name in config.key_fields().items():
+    for key, name in nonempty(config.key_fields().items(), "stack keys that set a field"):
         if key == "apiAccessCidrs":
             continue
         expected = config.KEYS[key].parse(key, given[key], config.Problems())

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from facts import catalog
+from tests.guards import nonempty
 
 
 @pytest.mark.parametrize("name", sorted(catalog.GPU_TYPES))
@@ -36,7 +37,8 @@ def test_intra_node_bandwidth_is_nvlinks_where_the_gpus_have_it_else_pcies():
     assert {n: r.intra_node_gbytes_per_s for n, r in rows.items() if not r.nvlink} == {
         n: catalog.PCIE_GBYTES_PER_S for n, r in rows.items() if not r.nvlink}
     assert (rows["p4d.24xlarge"].intra_node_gbytes_per_s, rows["p5.48xlarge"].intra_node_gbytes_per_s) == (300.0, 450.0)
-    assert all(r.intra_node_gbytes_per_s > catalog.PCIE_GBYTES_PER_S for r in rows.values() if r.nvlink)
+    nvlinked = nonempty((r for r in rows.values() if r.nvlink), "GPU types with NVLink")
+    assert all(r.intra_node_gbytes_per_s > catalog.PCIE_GBYTES_PER_S for r in nvlinked)
 
 
 def test_non_efa_types_are_not_supported():

@@ -8,6 +8,7 @@ import pytest
 from deploy import offline
 from infra import iam
 from infra.preflight import PlacementError
+from tests.guards import nonempty
 
 from .conftest import run_stack
 
@@ -28,7 +29,7 @@ def test_vpc_has_public_and_private_subnets_in_two_azs(dev):
     private = [s for s in subnets if "private" in s.name]
     assert len({s.inputs["availabilityZone"] for s in public}) >= 2
     assert len({s.inputs["availabilityZone"] for s in private}) >= 2
-    assert all(s.inputs["mapPublicIpOnLaunch"] is False for s in subnets)
+    assert all(s.inputs["mapPublicIpOnLaunch"] is False for s in nonempty(subnets, "subnets"))
 
 
 def test_one_nat_gateway_in_a_public_subnet_and_private_routes_through_it(dev):
@@ -40,7 +41,7 @@ def test_one_nat_gateway_in_a_public_subnet_and_private_routes_through_it(dev):
 
 def test_all_nodes_are_in_private_subnets(dev):
     by_id = subnets_by_id(dev)
-    for group in dev.of_type(NODE_GROUP):
+    for group in nonempty(dev.of_type(NODE_GROUP), "node groups"):
         assert group.inputs["subnetIds"]
         assert all("private" in by_id[i].name for i in group.inputs["subnetIds"]), group.name
 
@@ -81,7 +82,7 @@ def test_control_plane_settings(dev):
     assert cluster.inputs["upgradePolicy"] == {"supportType": "STANDARD"}
     assert cluster.inputs["version"] == "1.36" and cluster.inputs["name"] == "raytrain-eks-dev"
     by_id = subnets_by_id(dev)
-    assert all("private" in by_id[i].name for i in vpc["subnetIds"])
+    assert all("private" in by_id[i].name for i in nonempty(vpc["subnetIds"], "EKS cluster subnets"))
 
 
 def test_no_default_node_group_only_ours(dev):
@@ -130,11 +131,11 @@ def test_gpu_node_group_labels_taint_ami_and_size(dev):
 @pytest.mark.parametrize("stack,cards", [("dev", 1), ("p5", 32)])
 def test_one_efa_interface_per_network_card(stack, cards, dev, p5):
     result = {"dev": dev, "p5": p5}[stack]
-    interfaces = result.one(LAUNCH_TEMPLATE, "gpu-lt").inputs["networkInterfaces"]
+    interfaces = nonempty(result.one(LAUNCH_TEMPLATE, "gpu-lt").inputs["networkInterfaces"], "EFA interfaces")
     assert len(interfaces) == cards
     assert [i["networkCardIndex"] for i in interfaces] == list(range(cards))
-    assert interfaces[0]["interfaceType"] == "efa" and interfaces[0]["deviceIndex"] == 0
-    assert all(i["interfaceType"] == "efa-only" and i["deviceIndex"] == 1 for i in interfaces[1:])
+    # the first carries IP traffic too; the others are EFA only
+    assert [(i["interfaceType"], i["deviceIndex"]) for i in interfaces] == [("efa", 0)] + [("efa-only", 1)] * (cards - 1)
     assert all(i["securityGroups"] == ["sg-cluster-placeholder", "gpu-efa-id"] for i in interfaces)
     assert all(i["associatePublicIpAddress"] == "false" for i in interfaces)
 
@@ -150,7 +151,7 @@ def test_efa_security_group_allows_itself_in_both_directions(dev):
 
 
 def test_launch_templates_require_imdsv2_and_encrypted_gp3(dev):
-    for template in dev.of_type(LAUNCH_TEMPLATE):
+    for template in nonempty(dev.of_type(LAUNCH_TEMPLATE), "launch templates"):
         assert template.inputs["metadataOptions"] == {
             "httpEndpoint": "enabled", "httpTokens": "required", "httpPutResponseHopLimit": 1}, template.name
         (volume,) = template.inputs["blockDeviceMappings"]
@@ -244,7 +245,7 @@ def test_irsa_role_trusts_only_the_ray_service_account_and_reaches_only_the_buck
     resources = {r for s in policy["Statement"] for r in ([s["Resource"]] if isinstance(s["Resource"], str) else s["Resource"])}
     assert resources == {bucket_arn, f"{bucket_arn}/*"}
     actions = {a for s in policy["Statement"] for a in s["Action"]}
-    assert all(a.startswith("s3:") and "*" not in a for a in actions)
+    assert all(a.startswith("s3:") and "*" not in a for a in nonempty(actions, "S3 actions of the checkpoint role"))
 
 
 # --- tags and outputs ------------------------------------------------------------

@@ -17,6 +17,7 @@ import pytest
 from deploy import offline
 from facts import catalog
 from infra import aws_rules
+from tests.guards import nonempty
 from tests.stacks import read_stack_file
 
 from . import aws_requests as ar
@@ -55,7 +56,7 @@ def all_requests(plans) -> dict[str, list[ar.Request]]:
 
 
 def test_every_aws_resource_type_has_a_request_mapping(plans):
-    for name, result in plans.items():
+    for name, result in nonempty(plans.items(), "plans"):
         _, unmapped = ar.requests(result)
         assert unmapped == [], f"{name}: add these resource types to tests/infra/aws_requests.MAPPINGS: {unmapped}"
     covered = {r.type for result in plans.values() for r in result.resources if r.type in ar.MAPPINGS}
@@ -132,7 +133,7 @@ def test_the_projects_retention_values_are_the_ones_cloudwatch_lists():
 
 
 def test_every_plan_keeps_the_rules_aws_states_in_prose(plans, all_requests):
-    for name, result in plans.items():
+    for name, result in nonempty(plans.items(), "plans"):
         assert prose_problems(all_requests[name], subnet_zone_ids(result)) == [], name
     most = max(len(_tags_of(r) or {}) for r in all_requests["most-tags"])
     assert most == aws_rules.MAX_TAGS  # the limit the configuration allows is the limit AWS sets, exactly
@@ -212,7 +213,7 @@ def test_an_unmapped_resource_type_is_caught(plans):
 
 
 def test_policies_in_requests_are_json(all_requests):
-    for req in all_requests["scale-to-zero"]:
+    for req in nonempty(all_requests["scale-to-zero"], "requests of the scale-to-zero plan"):
         for key in ("AssumeRolePolicyDocument", "PolicyDocument", "Policy"):
             if key in req.params:
                 assert json.loads(req.params[key])["Version"] == "2012-10-17"

@@ -11,6 +11,7 @@ import types
 import pytest
 
 from infra import iam
+from tests.guards import nonempty
 
 OIDC_SOURCE = re.compile(r"^UNKNOWN_FEDERATION_SOURCE: arn:aws:iam::\d{12}:oidc-provider/oidc\.eks\.[a-z0-9-]+\."
                          r"amazonaws\.com/id/\w+$")
@@ -99,7 +100,7 @@ def test_the_bucket_role_reaches_one_bucket_only(scale_to_zero_plan):
 
 def test_the_cluster_autoscaler_writes_only_under_its_tag_condition(scale_to_zero_plan):
     (doc,) = [d for name, _, d in documents(scale_to_zero_plan) if name.endswith("cluster-autoscaler-irsa-scaling")]
-    for statement in doc["Statement"]:
+    for statement in nonempty(doc["Statement"], "statements of the scaling policy"):
         writes = [a for a in statement["Action"] if not a.split(":")[1].startswith(("Describe", "Get"))]
         if writes:
             condition = statement["Condition"]["StringEquals"]

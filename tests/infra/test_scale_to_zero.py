@@ -14,6 +14,7 @@ from deploy.config import CLUSTER_AUTOSCALER_IMAGE_TAGS, SUPPORTED_KUBERNETES_VE
 from facts import catalog, nodes
 from infra import autoscaling, iam, node_pools
 from infra.cost import hourly_cost, parts
+from tests.guards import nonempty
 from workloads import charts, raycluster
 
 from .conftest import BASE
@@ -159,11 +160,12 @@ def test_a_ray_worker_fits_the_imagined_node_of_every_gpu_type(gpu_type):
     requests = raycluster.worker_resources(pool.instance)
     extended = {k: v for k, v in requests.items() if k not in ("cpu", "memory")}
     assert set(extended) == set(offered)
-    for name, quantity in extended.items():
+    for name, quantity in nonempty(extended.items(), "extended resources a worker requests"):
         assert quantity == offered[name], name
     assert int(requests["cpu"]) <= pool.instance.vcpus
     assert int(requests["memory"].removesuffix("Gi")) <= pool.instance.memory_gib
-    for key, value in autoscaling.asg_tags(pool, "raytrain-eks-dev").items():  # Auto Scaling tag limits
+    # Auto Scaling tag limits
+    for key, value in nonempty(autoscaling.asg_tags(pool, "raytrain-eks-dev").items(), "Auto Scaling tags"):
         assert len(key) <= 128 and len(value) <= 256, key
 
 
@@ -206,7 +208,7 @@ def test_asg_tags_land_on_the_gpu_node_groups_asg(runs, stack):
     on_asg = {t.inputs["tag"]["key"]: t.inputs["tag"]["value"] for t in tags}
     assert on_asg == autoscaling.asg_tags(gpu_pool(stack, scaleToZero=True), f"raytrain-eks-{stack}")
     assert len(on_asg) == len(tags)  # one resource per key
-    for tag in tags:
+    for tag in nonempty(tags, "Auto Scaling tag resources"):
         assert tag.inputs["autoscalingGroupName"] == asg_name
         assert tag.inputs["tag"]["propagateAtLaunch"] is False  # for the autoscaler, not for instances
         assert r.reg(NODE_GROUP, "gpu-ng").urn in r.reg(ASG_TAG, tag.name).dependencies
@@ -280,7 +282,7 @@ def test_cluster_autoscaler_may_resize_only_this_clusters_groups(runs):
     assert policy == json.loads(iam.cluster_autoscaler_policy("raytrain-eks-dev"))
     writes = {"autoscaling:SetDesiredCapacity", "autoscaling:TerminateInstanceInAutoScalingGroup"}
     by_sid = {s["Sid"]: s for s in policy["Statement"]}
-    assert all(s["Effect"] == "Allow" for s in policy["Statement"])
+    assert all(s["Effect"] == "Allow" for s in nonempty(policy["Statement"], "statements of the scaling policy"))
     actions = [a for s in policy["Statement"] for a in s["Action"]]
     assert not [a for a in actions if "*" in a]
     reads = {*by_sid["DescribeNodeGroups"]["Action"], *by_sid["DescribeOwnNodeGroups"]["Action"]}
@@ -322,7 +324,7 @@ def test_every_image_is_pinned_and_nothing_is_exposed(runs, stack):
               spec["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["image"],
               spec["autoscalerOptions"]["image"]]
     assert len(set(images)) == 1 and PINNED.search(images[0])
-    for x in objects:
+    for x in nonempty(objects, "Kubernetes objects"):
         text = json.dumps(x.inputs)
         assert "LoadBalancer" not in text and "NodePort" not in text, x.name
 

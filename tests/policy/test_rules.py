@@ -7,6 +7,7 @@ import pytest
 
 from policy import model, rules
 from policy.model import UNKNOWN, PolicyConfigError, Resource
+from tests.guards import nonempty
 
 from . import rule_named
 
@@ -437,7 +438,7 @@ def test_node_groups_only_in_subnets_without_public_ips():
 # --- configuration ------------------------------------------------------------------------------------
 
 def test_every_setting_has_a_valid_default_and_a_schema_type():
-    for rule in rules.RULES:
+    for rule in nonempty(rules.RULES, "rules of the pack"):
         for setting in rule.settings:
             assert setting.schema["type"] in ("integer", "array")
         assert set(rule.config({})) == {s.name for s in rule.settings}
@@ -512,7 +513,7 @@ def test_a_ray_pod_without_a_seccomp_profile_is_refused_and_the_autoscaler_is_ch
 
 def test_the_programs_rayclusters_are_least_privileged_in_a_default_deny_namespace(plans):
     rule = next(r for r in rules.RULES if r.name == "ray-namespace-default-deny")
-    for name, plan in plans.items():
+    for name, plan in nonempty(plans.items(), "plans"):
         (cluster,) = plan.of_type(RAY_CLUSTER)
         assert check("ray-pods-least-privileged", RAY_CLUSTER, cluster.inputs) == [], name
         assert rule.validate(plan.stack_resources(), {}) == [], name

@@ -7,6 +7,7 @@ from typing import Any, Iterator
 
 from policy import model, rules
 from policy.model import UNKNOWN
+from tests.guards import nonempty
 
 from . import rule_named
 from .conftest import first_preview
@@ -77,7 +78,7 @@ def test_an_unknown_anywhere_in_the_stack_is_never_a_violation(plans):
                 model.SUBNET}
     stack_rules = [r for r in rules.RULES if r.kind == "stack"]
     unknown_at = set()
-    for i, resource in enumerate(stack):
+    for i, resource in nonempty(enumerate(stack), "resources of the stack"):
         if resource.type not in relevant:
             continue
         for path in paths(dict(resource.props)):
@@ -96,7 +97,7 @@ def test_an_unknown_anywhere_in_the_stack_is_never_a_violation(plans):
 
 def test_the_whole_program_on_its_first_preview(plans):
     """No IDs at all: stack rules resolve every reference through property dependencies."""
-    for plan in plans.values():
+    for plan in nonempty(plans.values(), "plans"):
         stack = first_preview(plan.stack_resources())
         (efa_lt,) = [r for r in stack if r.type == model.LAUNCH_TEMPLATE and r.props.get("networkInterfaces")]
         assert UNKNOWN in efa_lt.props["networkInterfaces"][0]["securityGroups"]

@@ -24,6 +24,7 @@ import torch
 import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 
+from tests.guards import nonempty
 from trainer.loop.parallel import ONE_PROCESS
 from trainer.loop.step import IGNORE_INDEX, loss_path, train_step
 from trainer.model.build import build_model, check_architecture
@@ -119,11 +120,11 @@ def test_the_loss_check_leaves_every_parameter_sharded(process_group, arch_model
 
     model = build_model(arch_model("gemma2", True), device=CPU, use_gpu=False)
     assert check_loss_path(model, "chunked", CPU, collectives=ONE_PROCESS) == "chunked"
-    assert all(isinstance(p, DTensor) for p in model.parameters())
+    assert all(isinstance(p, DTensor) for p in nonempty(model.parameters(), "parameters"))
 
 
 def test_every_architecture_passes_the_shardability_check():
-    for name in NAMES:
+    for name in nonempty(NAMES, "architectures"):
         parts = check_architecture(config(name, False))
         assert len(parts.layers) == 2 and parts.norm is not None, name
     assert isinstance(check_architecture(config("gpt_neox", False)).norm, torch.nn.LayerNorm)  # final_layer_norm
@@ -180,7 +181,7 @@ def test_two_ranks_each_read_only_their_rows_and_build_the_from_pretrained_model
     for rank, reads in enumerate(res["reads"]):
         for key, numel in reads:
             per_rank[rank][key] = per_rank[rank].get(key, 0) + numel
-    for key, shape in checkpoint.items():
+    for key, shape in nonempty(checkpoint.items(), "checkpoint tensors"):
         total = int(torch.tensor(shape).prod()) if shape else 1
         got = [r.get(key, 0) for r in per_rank]
         assert sum(got) == total, (key, got, total)  # every element read once, by one rank, nowhere twice

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.guards import nonempty
 from trainer.bench import main as bench_main
 from trainer.bench.padding import instruction_documents, instruction_lengths
 
@@ -110,7 +111,7 @@ def test_the_instruction_dataset_is_deterministic_with_a_long_tail():
     assert total.max() <= 2048 and total.min() >= 8
     assert 200 < np.median(total) < 400 and np.percentile(total, 90) > 2.5 * np.median(total)
     docs = instruction_documents(50, 512, vocab=100)
-    assert all(len(ids) == len(mask) and mask.any() and not mask[0] for ids, mask in docs)
+    assert all(len(ids) == len(mask) and mask.any() and not mask[0] for ids, mask in nonempty(docs, "instruction documents"))
 
 
 def test_padding_benchmark_reports_useful_tokens_of_packed_and_padded():

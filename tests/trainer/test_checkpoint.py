@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.guards import nonempty
 from trainer.data.packing import prepare
 from trainer.loop.optim import build_optimizer, build_scheduler
 from trainer.loop.parallel import ONE_PROCESS
@@ -147,7 +148,8 @@ def test_the_marker_records_the_sha256_of_every_file_as_written(process_group, d
     assert marker["format"] == ckpt.MARKER_FORMAT and ckpt.MARKER_FORMAT in ckpt.READABLE_FORMATS  # what is written resumes
     on_disk = {k: v for k, v in store.file_sizes(ckpt.dir_name(1)).items() if k != ckpt.MARKER}
     assert set(marker["files"]) == set(on_disk) >= {".metadata", "__0_0.distcp", ckpt.TRAIN_STATE, "rng/rank_0.pt"}
-    for path, entry in marker["files"].items():  # hashed from the written bytes, equal to the stored content
+    # hashed from the written bytes, equal to the stored content
+    for path, entry in nonempty(marker["files"].items(), "files the marker lists"):
         content = (tmp_path / "run" / ckpt.dir_name(1) / path).read_bytes()
         assert entry == {"size": len(content), "sha256": hashlib.sha256(content).hexdigest()}, path
 

@@ -7,6 +7,7 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
+from tests.guards import nonempty
 from trainer import demo
 from trainer.data.formats import to_example
 from trainer.data.packing import IGNORE_INDEX, DataError, PackedData, best_fit_rows, check_records, load_records, pack, prepare
@@ -68,7 +69,7 @@ def test_documents_longer_than_seq_len_are_truncated_and_empty_ones_dropped():
 def test_best_fit_places_every_document_once_and_fills_rows_far_better_than_next_fit():
     rng = np.random.default_rng(0)
     lengths = np.minimum(512, 4 + rng.lognormal(np.log(80), 0.9, 3000).astype(int)).tolist()
-    rows = best_fit_rows(lengths, 512)
+    rows = nonempty(best_fit_rows(lengths, 512), "packed rows")
     assert sorted(i for r in rows for i in r) == list(range(len(lengths)))
     assert all(sum(lengths[i] for i in r) <= 512 for r in rows)
     assert all(r == sorted(r) for r in rows) and [r[0] for r in rows] == sorted(r[0] for r in rows)
@@ -85,7 +86,8 @@ def test_packed_rows_hold_each_document_intact_with_its_own_positions():
             for n in rng.integers(2, 40, 60)]
     arrays, stats = pack(docs, seq_len=48, pad_id=0)
     found = []
-    for ids, pos, real in zip(arrays["input_ids"], arrays["position_ids"], arrays["real_tokens"], strict=True):
+    for ids, pos, real in zip(nonempty(arrays["input_ids"], "packed rows"), arrays["position_ids"], arrays["real_tokens"],
+                              strict=True):
         starts = [t for t in range(real) if pos[t] == 0] + [real]
         found += [ids[a:b].tolist() for a, b in pairwise(starts)]
         assert (ids[real:] == 0).all()
@@ -106,8 +108,8 @@ def test_every_rank_reads_its_own_share_and_the_global_batch_ignores_world_size(
         reference = data.micro_batches(step, rank=0, world_size=1, global_batch=gb, micro_batch=2, seed=5)
         ref_rows = sorted(map(tuple, np.concatenate([b["input_ids"].numpy() for b in reference]).tolist()))
         for world in (2, 4):
-            shards = [data.micro_batches(step, rank=r, world_size=world, global_batch=gb, micro_batch=2, seed=5)
-                      for r in range(world)]
+            shards = nonempty([data.micro_batches(step, rank=r, world_size=world, global_batch=gb, micro_batch=2, seed=5)
+                               for r in range(world)], "ranks' shards")
             rows = [tuple(x) for shard in shards for b in shard for x in b["input_ids"].tolist()]
             assert sorted(rows) == ref_rows
             assert all(sum(b["input_ids"].shape[0] for b in shard) == gb // world for shard in shards)

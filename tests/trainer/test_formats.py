@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.guards import nonempty
 from trainer import demo
 from trainer.data.formats import Renderer, to_example
 from trainer.data.packing import DataError
@@ -124,7 +125,7 @@ def test_standard_prompt_completion_and_text_match_trl(model, tmp_path):
     assert trained_text(tok, *reference[0]) == " blue.<|im_end|>"  # TRL appends EOS to the completion
     text = [{"text": "Plain text to model."}, {"text": "Ends with eos<|im_end|>"}]
     reference = trl_tokenized(model, tok, text, tmp_path)
-    assert ours(tok, text) == reference and all(all(m) for _, m in reference)
+    assert ours(tok, text) == reference and all(all(m) for _, m in nonempty(reference, "tokenized rows"))
     assert tok.decode(reference[1][0]) == "Ends with eos<|im_end|>"  # no second EOS
 
 
@@ -177,7 +178,7 @@ def test_a_bad_record_is_refused_naming_the_dataset_record_field_and_what_was_fo
     with pytest.raises(DataError) as e:
         Renderer(tokenizer()).encode(to_example(record, "dataset 'chat.jsonl' record 3"))
     assert "dataset 'chat.jsonl' record 3" in str(e.value)
-    for needle in needles:
+    for needle in nonempty(needles, "expected phrases"):
         assert needle in str(e.value), (needle, str(e.value))
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
+from tests.guards import nonempty
 from trainer.data.packing import prepare
 from trainer.loop.optim import build_optimizer, lr_factor
 from trainer.loop.parallel import ONE_PROCESS
@@ -116,8 +117,8 @@ def test_schedules_warm_up_then_decay_to_the_floor():
 def test_optimizer_skips_decay_on_biases_and_norms(process_group, demo_assets):
     model = build_model(demo_assets["model"], device=torch.device("cpu"), use_gpu=False)
     decay, no_decay = build_optimizer(model, lr=1e-3, weight_decay=0.1, fused=False).param_groups
-    assert decay["weight_decay"] == 0.1 and all(p.ndim == 2 for p in decay["params"])
-    assert no_decay["weight_decay"] == 0.0 and all(p.ndim == 1 for p in no_decay["params"])
+    assert decay["weight_decay"] == 0.1 and all(p.ndim == 2 for p in nonempty(decay["params"], "decayed parameters"))
+    assert no_decay["weight_decay"] == 0.0 and all(p.ndim == 1 for p in nonempty(no_decay["params"], "parameters without decay"))
 
 
 def test_the_optimizer_takes_lr_decay_betas_and_epsilon_from_the_config():

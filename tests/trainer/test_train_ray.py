@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.guards import nonempty
 from trainer import demo
 from trainer.jobs import launch, local
 from trainer.loop.metrics import read_metrics
@@ -57,7 +58,7 @@ def test_local_demo_trains_checkpoints_exports_and_reports(demo_run):
     for needle in ("held-out exact match before training", "exact match", "metrics", str(out / "model"),
                    "train [############............]  5/10  50% | loss"):  # rank 0's progress bar
         assert needle in stdout, needle
-    rows = read_metrics(out / "metrics.jsonl")
+    rows = nonempty(read_metrics(out / "metrics.jsonl"), "metrics rows")
     for key in ("step", "loss", "lr", "grad_norm", "tokens_per_s", "step_time_s", "data_wait_s", "peak_mem_gb"):
         assert all(key in r for r in rows), key
     assert rows[-1]["loss"] < rows[0]["loss"]

@@ -10,6 +10,7 @@ import pytest
 from deploy.config import ConfigError
 from facts import catalog, nodes
 from facts import ray as ray_facts
+from tests.guards import nonempty
 from workloads import raycluster
 from workloads.raycluster import ManifestError
 
@@ -289,7 +290,7 @@ def test_only_the_autoscaler_sidecar_gets_a_kubernetes_api_token():
     assert [s["serviceAccountToken"]["path"] for s in sources if "serviceAccountToken" in s] == ["token"]
     assert [i["path"] for s in sources if "configMap" in s for i in s["configMap"]["items"]] == ["ca.crt"]
     assert [i["path"] for s in sources if "downwardAPI" in s for i in s["downwardAPI"]["items"]] == ["namespace"]
-    assert all(m["mountPath"] != mount["mountPath"] for m in head["volumeMounts"])
+    assert all(m["mountPath"] != mount["mountPath"] for m in nonempty(head["volumeMounts"], "head volume mounts"))
     assert options["securityContext"] == {"allowPrivilegeEscalation": False, "privileged": False,
                                           "capabilities": {"drop": ["ALL"]}}
 

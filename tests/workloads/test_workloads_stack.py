@@ -11,6 +11,7 @@ from pulumi.runtime import rpc
 
 from deploy import offline, plan
 from infra.cost import hourly_cost
+from tests.guards import nonempty
 from tests.stacks import read_stack_file
 from workloads import charts, image, raycluster
 
@@ -81,7 +82,7 @@ def test_declares_every_kubernetes_object_through_one_provider(run):
 def test_helm_releases_carry_chart_version_repository_and_values(run):
     cfg = settings(run.result.outputs["clusterName"].rsplit("-", 1)[-1])
     recorded = {r.inputs["name"]: r.inputs for r in run.result.of_type(RELEASE)}
-    for spec in charts.releases(cfg):
+    for spec in nonempty(charts.releases(cfg), "Helm releases"):
         inputs = recorded[spec.release]
         assert (inputs["chart"], inputs["version"], inputs["repositoryOpts"], inputs["namespace"]) == (
             spec.chart, spec.version, {"repo": spec.repository}, spec.namespace)
@@ -132,7 +133,7 @@ def test_every_image_in_every_object_is_pinned_by_digest(run):
 
 
 def test_no_service_other_than_cluster_ip(run):
-    for r in kubernetes(run):
+    for r in nonempty(kubernetes(run), "Kubernetes objects"):
         text = json.dumps(r.inputs)
         assert "LoadBalancer" not in text and "NodePort" not in text, r.name
         assert r.inputs.get("kind") != "Service" or r.inputs["spec"].get("type", "ClusterIP") == "ClusterIP"
@@ -176,7 +177,7 @@ def test_destroy_order_in_cluster_objects_before_node_groups_before_cluster_befo
     gpu_ng = run.urn(NODE_GROUP, "gpu-ng")
     coredns = run.urn("aws:eks/addon:Addon", "cluster-coredns")
     cluster = run.urn("aws:eks/cluster:Cluster", "cluster-eks")
-    for urn in run.urns(lambda r: r.type.startswith("kubernetes:")):
+    for urn in nonempty(run.urns(lambda r: r.type.startswith("kubernetes:")), "Kubernetes resources"):
         assert {system_ng, gpu_ng, coredns} <= run.ancestors(urn), urn
     for node_group in (system_ng, gpu_ng):
         assert cluster in run.ancestors(node_group)
@@ -199,7 +200,7 @@ def test_nothing_is_created_before_the_image_is_pinned(run):
     pin = run.urn("pulumi-python:dynamic/raytrain:PinnedImage", "dlc-image")
     aws_provider = run.urn("pulumi:providers:aws", "aws")
     assert pin in run.registrations[aws_provider].dependencies
-    for reg in run.registrations.values():
+    for reg in nonempty(run.registrations.values(), "registrations"):
         if reg.type.startswith("aws:"):
             assert reg.provider.startswith(aws_provider + "::"), reg.name
 
@@ -328,7 +329,7 @@ def test_fixed_clusters_keep_pulumi_owning_the_worker_group(dev_run):
 def test_every_charts_image_is_pinned_by_a_dynamic_resource(run):
     cfg = settings(run.result.outputs["clusterName"].rsplit("-", 1)[-1])
     pins = {r.name: r for r in run.result.resources if r.type == "pulumi-python:dynamic/raytrain:PinnedImage"}
-    for chart in charts.releases(cfg):
+    for chart in nonempty(charts.releases(cfg), "Helm releases"):
         pin = pins[f"ray-{chart.release}-image"]
         assert pin.inputs["image"] == charts.image_to_pin(cfg, chart.release)
         assert pin.inputs["__provider"]  # the provider travels in state, so the digest is kept there
