@@ -656,53 +656,21 @@ def load(raw: Mapping[str, Any], *, stack: str, project: str = PROJECT, cls: typ
     problems = Problems()
     prefix = f"{project}:"
     ours = {k[len(prefix):]: v for k, v in raw.items() if k.startswith(prefix)}
-    for name in sorted(set(ours) - set(keys)):
-        close = difflib.get_close_matches(name, keys, n=1, cutoff=0.6)
-        hint = f"did you mean {prefix}{close[0]}?" if close else f"known keys: {', '.join(keys)}"
-        problems.append(f"{prefix}{name}: unknown configuration key; {hint}")
+    _check_unknown_keys(ours, keys, prefix, problems)
     _check_namespaces(raw, project, problems)
     aws_settings = aws_provider.parse(raw, problems)
-
-    values: dict[str, Any] = {}
-    for name, setting in keys.items():
-        if name in ours and ours[name] is not None:
-            values[name] = setting.parse(f"{prefix}{name}", ours[name], problems)
-        else:
-            values[name] = setting.default
-
+    values = {name: setting.parse(f"{prefix}{name}", ours[name], problems)
+              if name in ours and ours[name] is not None else setting.default for name, setting in keys.items()}
     region = raw.get("aws:region")
-    if not region:
-        problems.append("aws:region: not set; run `pulumi config set aws:region us-east-1` (or the region you deploy to)")
-    elif not _REGION.match(str(region)):
-        problems.append(f"aws:region: {region!r} is not an AWS region name such as us-east-1")
-    elif str(region) not in aws_rules.eks_regions():
-        close = difflib.get_close_matches(str(region), sorted(aws_rules.eks_regions()), n=3, cutoff=0.7)
-        problems.append(f"aws:region: {region!r} is not a region where AWS offers EKS (botocore's endpoint list)"
-                        + (f"; did you mean {' or '.join(close)}?" if close else ""))
+    _check_region(region, problems)
     if values["apiAccessCidrs"] is None and "apiAccessCidrs" not in ours:
         problems.append(
             f"{prefix}apiAccessCidrs: not set; the EKS API is never opened to 0.0.0.0/0 silently. Run "
             f"`pulumi config set --path '{prefix}apiAccessCidrs[0]' $(curl -s https://checkip.amazonaws.com)/32`")
-
-    if "nodePools" in ours:
-        for name in SHORTHAND_KEYS:
-            if ours.get(name) is not None:
-                problems.append(f"{prefix}{name}: the shorthand of the default pools, but {prefix}nodePools is set; "
-                                "give the setting to the pool in nodePools instead (see docs/configuration.md, Node pools)")
-        node_pools = _declared_pools(values["nodePools"] or {}, prefix, problems)
-    else:
-        node_pools = _shorthand_pools(values, ours, prefix, problems)
-    _check_pools(node_pools, "nodePools" in ours, prefix, problems)
-    for key, zone in [(f"{prefix}availabilityZone", values["availabilityZone"]),
-                      *((p.key("availabilityZone"), p.availability_zone) for p in node_pools)]:
-        if zone and region and _ZONE_NAME.match(zone) and not str(zone).startswith(str(region)):
-            problems.append(f"{key}: {zone!r} is not in region {region}; pick an AZ of {region} or unset it")
+    node_pools = _node_pools(values, ours, prefix, problems)
+    _check_zones(values["availabilityZone"], node_pools, region, prefix, problems)
     _check_scale_to_zero(values, ours, any(p.scale_to_zero for p in node_pools), prefix, problems)
-    cluster_name = values["clusterName"] or f"{project}-{stack}"
-    if values["clusterName"] is None and (why := aws_rules.cluster_name_problem(cluster_name)):
-        suggestion = re.sub(r"[^A-Za-z0-9_-]", "-", cluster_name)[: aws_rules.CLUSTER_NAME_MAX]
-        problems.append(f"{prefix}clusterName: not set, and the default {cluster_name!r} (<project>-<stack>, from "
-                        f"stack {stack!r}) {why}; set it, e.g. `pulumi config set {prefix}clusterName {suggestion}`")
+    cluster_name = _cluster_name(values["clusterName"], project, stack, prefix, problems)
     _check_tag_count(values["tags"], aws_settings, prefix, problems)
     placeholders = _placeholders(values["apiAccessCidrs"], prefix)
 
@@ -714,7 +682,59 @@ def load(raw: Mapping[str, Any], *, stack: str, project: str = PROJECT, cls: typ
                **{name: values[key] for key, name in key_fields(cls).items()})
 
 
+def _check_unknown_keys(ours: Mapping[str, Any], keys: Mapping[str, Any], prefix: str, problems: Problems) -> None:
+    for name in sorted(set(ours) - set(keys)):
+        close = difflib.get_close_matches(name, keys, n=1, cutoff=0.6)
+        hint = f"did you mean {prefix}{close[0]}?" if close else f"known keys: {', '.join(keys)}"
+        problems.append(f"{prefix}{name}: unknown configuration key; {hint}")
+
+
+def _check_region(region: Any, problems: Problems) -> None:
+    """aws:region is set, and is a region where EKS is offered (botocore's endpoint list)."""
+    if not region:
+        problems.append("aws:region: not set; run `pulumi config set aws:region us-east-1` (or the region you deploy to)")
+    elif not _REGION.match(str(region)):
+        problems.append(f"aws:region: {region!r} is not an AWS region name such as us-east-1")
+    elif str(region) not in aws_rules.eks_regions():
+        close = difflib.get_close_matches(str(region), sorted(aws_rules.eks_regions()), n=3, cutoff=0.7)
+        problems.append(f"aws:region: {region!r} is not a region where AWS offers EKS (botocore's endpoint list)"
+                        + (f"; did you mean {' or '.join(close)}?" if close else ""))
+
+
+def _check_zones(stack_zone: str | None, node_pools: list[NodePool], region: Any, prefix: str,
+                 problems: Problems) -> None:
+    """Every zone named, the stack's and each pool's, is in the stack's region."""
+    for key, zone in [(f"{prefix}availabilityZone", stack_zone),
+                      *((p.key("availabilityZone"), p.availability_zone) for p in node_pools)]:
+        if zone and region and _ZONE_NAME.match(zone) and not str(zone).startswith(str(region)):
+            problems.append(f"{key}: {zone!r} is not in region {region}; pick an AZ of {region} or unset it")
+
+
+def _cluster_name(given: str | None, project: str, stack: str, prefix: str, problems: Problems) -> str:
+    """clusterName, else <project>-<stack> when EKS takes that name."""
+    cluster_name = given or f"{project}-{stack}"
+    if given is None and (why := aws_rules.cluster_name_problem(cluster_name)):
+        suggestion = re.sub(r"[^A-Za-z0-9_-]", "-", cluster_name)[: aws_rules.CLUSTER_NAME_MAX]
+        problems.append(f"{prefix}clusterName: not set, and the default {cluster_name!r} (<project>-<stack>, from "
+                        f"stack {stack!r}) {why}; set it, e.g. `pulumi config set {prefix}clusterName {suggestion}`")
+    return cluster_name
+
+
 # --- node pools -------------------------------------------------------------------------------------
+
+def _node_pools(values: dict[str, Any], ours: Mapping[str, Any], prefix: str, problems: Problems) -> list[NodePool]:
+    """The pools of nodePools, else of the shorthand keys (never both), checked together."""
+    if "nodePools" in ours:
+        for name in SHORTHAND_KEYS:
+            if ours.get(name) is not None:
+                problems.append(f"{prefix}{name}: the shorthand of the default pools, but {prefix}nodePools is set; "
+                                "give the setting to the pool in nodePools instead (see docs/configuration.md, Node pools)")
+        node_pools = _declared_pools(values["nodePools"] or {}, prefix, problems)
+    else:
+        node_pools = _shorthand_pools(values, ours, prefix, problems)
+    _check_pools(node_pools, "nodePools" in ours, prefix, problems)
+    return node_pools
+
 
 def _shorthand_pools(values: dict[str, Any], ours: Mapping[str, Any], prefix: str,
                      problems: Problems) -> list[NodePool]:
@@ -765,7 +785,23 @@ def _build_pool(name: str, given: Mapping[str, Any], keys: Mapping[str, str], pr
     scaled = bool(given.get("scaleToZero"))
     capacity = given.get("capacityType") or "ON_DEMAND"
     reservation = given.get("capacityReservationId")
+    efa, placement = _pool_network(given, row, instance_type, reservation, key, problems)
+    _check_pool_capacity(given, capacity, reservation, scaled, key, problems)
+    sizes = _pool_sizes(given, scaled, key, problems)
+    group, labels, taints, disk = _pool_placement(name, given, row, instance_type)
+    if len(problems) > before:
+        return None
+    return NodePool(
+        name=name, instance_type=instance_type, min_size=sizes[0], max_size=sizes[1], desired_size=sizes[2],
+        labels=MappingProxyType(dict(labels)), taints=tuple(taints), capacity_type=capacity,
+        capacity_reservation_id=reservation, efa=efa, placement_group=placement, scale_to_zero=scaled,
+        ray_worker_group=group, disk_size_gib=disk, availability_zone=given.get("availabilityZone"),
+        keys=MappingProxyType(dict(keys)))
 
+
+def _pool_network(given: Mapping[str, Any], row: catalog.InstanceType, instance_type: str, reservation: str | None,
+                  key: Callable[[str], str], problems: Problems) -> tuple[bool, bool]:
+    """EFA (on where the type has it) and the placement group (on with EFA, unless capacity is reserved)."""
     efa = given.get("enableEfaSupport")
     if efa is None:
         efa = row.efa_interfaces > 0
@@ -779,6 +815,12 @@ def _build_pool(name: str, given: Mapping[str, Any], keys: Mapping[str, str], pr
                         "placementGroup to false")
     if placement is None:
         placement = efa and reservation is None
+    return efa, placement
+
+
+def _check_pool_capacity(given: Mapping[str, Any], capacity: str, reservation: str | None, scaled: bool,
+                         key: Callable[[str], str], problems: Problems) -> None:
+    """A reservation goes with On-Demand or a Capacity Block, which needs one, and never with scaling to zero."""
     if reservation and capacity == "SPOT":
         problems.append(f"{key('capacityReservationId')}: a capacity reservation holds On-Demand capacity; set "
                         f"{key('capacityType')} to ON_DEMAND or remove the reservation")
@@ -791,6 +833,10 @@ def _build_pool(name: str, given: Mapping[str, Any], keys: Mapping[str, str], pr
             "whether they run or not, so scaling the nodes to zero saves nothing; remove the reservation or set "
             "scaleToZero to false")
 
+
+def _pool_sizes(given: Mapping[str, Any], scaled: bool, key: Callable[[str], str],
+                problems: Problems) -> tuple[int, int, int]:
+    """(min, max, desired): 0, maxSize, 0 when the pool scales to zero; else one size for all three."""
     desired, smallest, largest = given.get("desiredSize"), given.get("minSize"), given.get("maxSize")
     if scaled:
         if smallest not in (None, 0):
@@ -800,19 +846,22 @@ def _build_pool(name: str, given: Mapping[str, Any], keys: Mapping[str, str], pr
                             "Autoscaler sets the size; remove it and set maxSize")
         if largest is None and "maxSize" not in given:
             problems.append(f"{key('maxSize')}: not set; a pool that scales to zero needs the most nodes it may run")
-        sizes = (0, largest or 0, 0)
-    else:
-        size = next((v for v in (desired, largest, smallest) if v is not None), 1)
-        for f, v in (("minSize", smallest), ("maxSize", largest), ("desiredSize", desired)):
-            if v is not None and v != size:
-                problems.append(f"{key(f)}: {v} differs from the pool's size {size}; without scaleToZero nothing "
-                                "resizes a node group, so its minSize, maxSize and desiredSize are one number: set "
-                                "desiredSize only, or scaleToZero: true with maxSize")
-        if size < 1:
-            problems.append(f"{key('desiredSize')}: 0 nodes; a fixed-size pool needs at least 1 (or set "
-                            "scaleToZero: true with maxSize)")
-        sizes = (size, size, size)
+        return 0, largest or 0, 0
+    size = next((v for v in (desired, largest, smallest) if v is not None), 1)
+    for f, v in (("minSize", smallest), ("maxSize", largest), ("desiredSize", desired)):
+        if v is not None and v != size:
+            problems.append(f"{key(f)}: {v} differs from the pool's size {size}; without scaleToZero nothing "
+                            "resizes a node group, so its minSize, maxSize and desiredSize are one number: set "
+                            "desiredSize only, or scaleToZero: true with maxSize")
+    if size < 1:
+        problems.append(f"{key('desiredSize')}: 0 nodes; a fixed-size pool needs at least 1 (or set "
+                        "scaleToZero: true with maxSize)")
+    return size, size, size
 
+
+def _pool_placement(name: str, given: Mapping[str, Any], row: catalog.InstanceType,
+                    instance_type: str) -> tuple[str | None, Mapping[str, str], tuple, int]:
+    """Ray worker group, labels, taints and root volume: as given, else the defaults of a GPU or CPU pool."""
     group = given.get("rayWorkerGroup")
     if group is None or group is True:
         group = f"{name}-workers" if group is True or row.gpus else None
@@ -824,14 +873,7 @@ def _build_pool(name: str, given: Mapping[str, Any], keys: Mapping[str, str], pr
     if taints is None:
         taints = (node_facts.GPU_TAINT,) if row.gpus else ()
     disk = given.get("diskSize") or (pools.GPU_ROOT_VOLUME_GIB if row.gpus else pools.CPU_ROOT_VOLUME_GIB)
-    if len(problems) > before:
-        return None
-    return NodePool(
-        name=name, instance_type=instance_type, min_size=sizes[0], max_size=sizes[1], desired_size=sizes[2],
-        labels=MappingProxyType(dict(labels)), taints=tuple(taints), capacity_type=capacity,
-        capacity_reservation_id=reservation, efa=efa, placement_group=placement, scale_to_zero=scaled,
-        ray_worker_group=group, disk_size_gib=disk, availability_zone=given.get("availabilityZone"),
-        keys=MappingProxyType(dict(keys)))
+    return group, labels, taints, disk
 
 
 def _check_pools(node_pools: list[NodePool], declared: bool, prefix: str, problems: Problems) -> None:
