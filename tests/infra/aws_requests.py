@@ -220,64 +220,79 @@ def _member(shape, key: str) -> str | None:
 
 
 def _walk(value: Any, shape, path: str, errors: list) -> None:
-    kind = shape.type_name
+    """Check `value` against a botocore shape, by the shape's type (a type not listed: not checked)."""
+    check = _CHECKS.get("integer" if shape.type_name == "long" else shape.type_name)
+    if check is not None:
+        check(value, shape, path, errors)
+
+
+def _structure(value: Any, shape, path: str, errors: list) -> None:
+    if not isinstance(value, dict):
+        errors.append(("type", f"{path}: expected a structure, got {value!r}"))
+        return
+    present = {}
+    for key, item in value.items():
+        if item is None:
+            continue
+        name = _member(shape, key)
+        if name is None:
+            errors.append(("unknown", f"{path}.{key}: no such member of {shape.name}"))
+            continue
+        present[name] = item
+    for name in shape.required_members:
+        if name not in present:
+            errors.append(("required", f"{path}.{name}: required by {shape.name}, missing"))
+    for name, item in present.items():
+        _walk(item, shape.members[name], f"{path}.{name}", errors)
+
+
+def _list(value: Any, shape, path: str, errors: list) -> None:
+    if not isinstance(value, list):
+        errors.append(("type", f"{path}: expected a list, got {value!r}"))
+        return
+    _length(len(value), shape.metadata, path, errors)
+    for index, item in enumerate(value):
+        _walk(item, shape.member, f"{path}[{index}]", errors)
+
+
+def _map(value: Any, shape, path: str, errors: list) -> None:
+    if not isinstance(value, dict):
+        errors.append(("type", f"{path}: expected a map, got {value!r}"))
+        return
+    _length(len(value), shape.metadata, path, errors)
+    for key, item in value.items():
+        _walk(key, shape.key, f"{path} key {key!r}", errors)
+        _walk(item, shape.value, f"{path}[{key!r}]", errors)
+
+
+def _boolean(value: Any, shape, path: str, errors: list) -> None:
+    if not (isinstance(value, bool) or value in ("true", "false")):
+        errors.append(("type", f"{path}: expected a boolean, got {value!r}"))
+
+
+def _integer(value: Any, shape, path: str, errors: list) -> None:
     meta = shape.metadata
-    if kind == "structure":
-        if not isinstance(value, dict):
-            errors.append(("type", f"{path}: expected a structure, got {value!r}"))
-            return
-        present = {}
-        for key, item in value.items():
-            if item is None:
-                continue
-            name = _member(shape, key)
-            if name is None:
-                errors.append(("unknown", f"{path}.{key}: no such member of {shape.name}"))
-                continue
-            present[name] = item
-        for name in shape.required_members:
-            if name not in present:
-                errors.append(("required", f"{path}.{name}: required by {shape.name}, missing"))
-        for name, item in present.items():
-            _walk(item, shape.members[name], f"{path}.{name}", errors)
+    if isinstance(value, bool) or not isinstance(value, int):
+        errors.append(("type", f"{path}: expected an integer, got {value!r}"))
         return
-    if kind == "list":
-        if not isinstance(value, list):
-            errors.append(("type", f"{path}: expected a list, got {value!r}"))
-            return
-        _length(len(value), meta, path, errors)
-        for index, item in enumerate(value):
-            _walk(item, shape.member, f"{path}[{index}]", errors)
+    if "min" in meta and value < meta["min"] or "max" in meta and value > meta["max"]:
+        errors.append(("range", f"{path}: {value} outside {meta.get('min')}..{meta.get('max')}"))
+
+
+def _string(value: Any, shape, path: str, errors: list) -> None:
+    meta = shape.metadata
+    if not isinstance(value, str):
+        errors.append(("type", f"{path}: expected a string, got {value!r}"))
         return
-    if kind == "map":
-        if not isinstance(value, dict):
-            errors.append(("type", f"{path}: expected a map, got {value!r}"))
-            return
-        _length(len(value), meta, path, errors)
-        for key, item in value.items():
-            _walk(key, shape.key, f"{path} key {key!r}", errors)
-            _walk(item, shape.value, f"{path}[{key!r}]", errors)
-        return
-    if kind == "boolean":
-        if not (isinstance(value, bool) or value in ("true", "false")):
-            errors.append(("type", f"{path}: expected a boolean, got {value!r}"))
-        return
-    if kind in ("integer", "long"):
-        if isinstance(value, bool) or not isinstance(value, int):
-            errors.append(("type", f"{path}: expected an integer, got {value!r}"))
-            return
-        if "min" in meta and value < meta["min"] or "max" in meta and value > meta["max"]:
-            errors.append(("range", f"{path}: {value} outside {meta.get('min')}..{meta.get('max')}"))
-        return
-    if kind == "string":
-        if not isinstance(value, str):
-            errors.append(("type", f"{path}: expected a string, got {value!r}"))
-            return
-        if shape.enum and value not in shape.enum:
-            errors.append(("enum", f"{path}: {value!r} is not one of {shape.enum}"))
-        _length(len(value), meta, path, errors)
-        if "pattern" in meta and not pattern(meta["pattern"]).fullmatch(value):
-            errors.append(("pattern", f"{path}: {value!r} does not match {meta['pattern']}"))
+    if shape.enum and value not in shape.enum:
+        errors.append(("enum", f"{path}: {value!r} is not one of {shape.enum}"))
+    _length(len(value), meta, path, errors)
+    if "pattern" in meta and not pattern(meta["pattern"]).fullmatch(value):
+        errors.append(("pattern", f"{path}: {value!r} does not match {meta['pattern']}"))
+
+
+_CHECKS = {"structure": _structure, "list": _list, "map": _map, "boolean": _boolean, "integer": _integer,
+           "string": _string}  # "long" is checked as "integer"
 
 
 def _length(size: int, meta: dict, path: str, errors: list) -> None:

@@ -82,30 +82,56 @@ def prose_problems(reqs: list[ar.Request], zone_ids: dict[str, str]) -> list[str
     """The rules of infra.aws_rules and the EKS/S3/IAM/CloudWatch prose, applied to the requests."""
     problems = []
     for req in reqs:
-        p = req.params
-        if req.operation == "CreateCluster":
-            if why := aws_rules.cluster_name_problem(p["name"]):
-                problems.append(f"cluster name {p['name']!r} {why}")
-            for cidr in p["resourcesVpcConfig"]["publicAccessCidrs"]:
-                net = ipaddress.ip_network(cidr)
-                if (why := aws_rules.public_cidr_problem(net)) or net.prefixlen == 0:
-                    problems.append(f"publicAccessCidrs {cidr} {why or 'is the whole internet'}")
-            for subnet in p["resourcesVpcConfig"]["subnetIds"]:
-                if zone_ids[subnet] in aws_rules.REFUSED_CONTROL_PLANE_ZONE_IDS:
-                    problems.append(f"control-plane subnet {subnet} in {zone_ids[subnet]}, a zone EKS refuses")
-        if req.operation == "CreateBucket" and (why := aws_rules.bucket_name_problem(p["Bucket"])):
-            problems.append(f"bucket {p['Bucket']!r} {why}")
-        if req.operation == "PutRetentionPolicy" and p["retentionInDays"] not in retention_values():
-            problems.append(f"retentionInDays {p['retentionInDays']} is not a value CloudWatch Logs offers")
-        tags = _tags_of(req)
-        if tags is not None:
-            if len(tags) > aws_rules.MAX_TAGS:
-                problems.append(f"{req.resource}: {len(tags)} tags, AWS allows {aws_rules.MAX_TAGS}")
-            if req.service in ("s3", "iam"):
-                problems += [f"{req.resource}: {why}" for k, v in tags.items() for why in aws_rules.tag_problems(k, v)]
+        check = _OPERATION_RULES.get(req.operation)
+        if check is not None:
+            problems += check(req.params, zone_ids)
+        problems += _tag_problems(req)
     principals = [r.params["principalArn"] for r in reqs if r.operation == "CreateAccessEntry"]
     if len(principals) != len(set(principals)):
         problems.append(f"access entries repeat a principal: {principals}")
+    return problems
+
+
+def _cluster_problems(p: dict, zone_ids: dict[str, str]) -> list[str]:
+    """CreateCluster: the name, the public endpoint's CIDRs and the control plane's zones."""
+    problems = []
+    if why := aws_rules.cluster_name_problem(p["name"]):
+        problems.append(f"cluster name {p['name']!r} {why}")
+    for cidr in p["resourcesVpcConfig"]["publicAccessCidrs"]:
+        net = ipaddress.ip_network(cidr)
+        if (why := aws_rules.public_cidr_problem(net)) or net.prefixlen == 0:
+            problems.append(f"publicAccessCidrs {cidr} {why or 'is the whole internet'}")
+    for subnet in p["resourcesVpcConfig"]["subnetIds"]:
+        if zone_ids[subnet] in aws_rules.REFUSED_CONTROL_PLANE_ZONE_IDS:
+            problems.append(f"control-plane subnet {subnet} in {zone_ids[subnet]}, a zone EKS refuses")
+    return problems
+
+
+def _bucket_problems(p: dict, zone_ids: dict[str, str]) -> list[str]:
+    why = aws_rules.bucket_name_problem(p["Bucket"])
+    return [f"bucket {p['Bucket']!r} {why}"] if why else []
+
+
+def _retention_problems(p: dict, zone_ids: dict[str, str]) -> list[str]:
+    if p["retentionInDays"] in retention_values():
+        return []
+    return [f"retentionInDays {p['retentionInDays']} is not a value CloudWatch Logs offers"]
+
+
+_OPERATION_RULES = {"CreateCluster": _cluster_problems, "CreateBucket": _bucket_problems,
+                    "PutRetentionPolicy": _retention_problems}
+
+
+def _tag_problems(req: ar.Request) -> list[str]:
+    """At most MAX_TAGS tags on anything; S3's and IAM's own rules for their keys and values."""
+    tags = _tags_of(req)
+    if tags is None:
+        return []
+    problems = []
+    if len(tags) > aws_rules.MAX_TAGS:
+        problems.append(f"{req.resource}: {len(tags)} tags, AWS allows {aws_rules.MAX_TAGS}")
+    if req.service in ("s3", "iam"):
+        problems += [f"{req.resource}: {why}" for k, v in tags.items() for why in aws_rules.tag_problems(k, v)]
     return problems
 
 

@@ -86,66 +86,8 @@ class FakeRegistry:
     def __init__(self):
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self.release = threading.Event()
-        registry = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def _reply(self, status, headers=(), body=b""):
-                self.send_response(status)
-                for key, value in headers:
-                    self.send_header(key, value)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(body)
-
-            def do_GET(self):
-                registry.requests.append(("GET", self.path, dict(self.headers)))
-                url = urllib.parse.urlparse(self.path)
-                if url.path != "/token":
-                    return self._reply(404)
-                query = urllib.parse.parse_qs(url.query)
-                scope = query.get("scope", [""])[0]
-                repository = scope.removeprefix("repository:").removesuffix(":pull")
-                if query.get("service") != [SERVICE] or not scope.endswith(":pull"):
-                    return self._reply(400, body=b'{"errors": [{"code": "UNSUPPORTED"}]}')
-                if repository.startswith("denied/"):
-                    return self._reply(401, body=b'{"errors": [{"code": "DENIED"}]}')
-                token = "anonymous" if repository.startswith("private/") else f"pull:{repository}"
-                self._reply(200, [("Content-Type", "application/json")], f'{{"token": "{token}"}}'.encode())
-
-            def do_HEAD(self):
-                registry.requests.append(("HEAD", self.path, dict(self.headers)))
-                parts = self.path.split("/")
-                if parts[:2] != ["", "v2"] or "manifests" not in parts:
-                    return self._reply(404)
-                at = parts.index("manifests")
-                repository, tag = "/".join(parts[2:at]), parts[at + 1]
-                if repository.startswith("basic/"):
-                    return self._reply(401, [("WWW-Authenticate", 'Basic realm="fake"')])
-                if not repository.startswith("open/") and self.headers.get("Authorization") != f"Bearer pull:{repository}":
-                    realm = f"http://{registry.host}/token"
-                    return self._reply(401, [("WWW-Authenticate", f'Bearer realm="{realm}",service="{SERVICE}",scope="aws"')])
-                if tag == "missing":
-                    return self._reply(404)
-                if tag == "boom":
-                    return self._reply(500)
-                if tag == "slow":
-                    registry.release.wait(SLOW_SECONDS)
-                accept = self.headers.get("Accept", "")
-                multi = ("application/vnd.oci.image.index.v1+json" in accept
-                         or "application/vnd.docker.distribution.manifest.list.v2+json" in accept)
-                headers = [("Content-Type", "application/vnd.oci.image.index.v1+json" if multi
-                            else "application/vnd.oci.image.manifest.v1+json")]
-                if tag == "baddigest":
-                    headers.append(("Docker-Content-Digest", "sha256:not-a-digest"))
-                elif tag != "nodigest":
-                    headers.append(("Docker-Content-Digest", INDEX_DIGEST if multi else SINGLE_MANIFEST_DIGEST))
-                self._reply(200, headers)
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _RegistryHandler)
+        self.server.registry = self
         self.server.daemon_threads = True
         self.host = f"127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -158,6 +100,72 @@ class FakeRegistry:
         self.release.set()
         self.server.shutdown()
         self.server.server_close()
+
+
+class _RegistryHandler(http.server.BaseHTTPRequestHandler):
+    """The FakeRegistry's answers: the token service on GET /token, manifests on HEAD /v2/<repo>/manifests/<tag>."""
+
+    @property
+    def registry(self) -> FakeRegistry:
+        return self.server.registry
+
+    def log_message(self, *args):
+        pass
+
+    def _reply(self, status, headers=(), body=b""):
+        self.send_response(status)
+        for key, value in headers:
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def do_GET(self):
+        self.registry.requests.append(("GET", self.path, dict(self.headers)))
+        url = urllib.parse.urlparse(self.path)
+        if url.path != "/token":
+            return self._reply(404)
+        query = urllib.parse.parse_qs(url.query)
+        scope = query.get("scope", [""])[0]
+        repository = scope.removeprefix("repository:").removesuffix(":pull")
+        if query.get("service") != [SERVICE] or not scope.endswith(":pull"):
+            return self._reply(400, body=b'{"errors": [{"code": "UNSUPPORTED"}]}')
+        if repository.startswith("denied/"):
+            return self._reply(401, body=b'{"errors": [{"code": "DENIED"}]}')
+        token = "anonymous" if repository.startswith("private/") else f"pull:{repository}"
+        self._reply(200, [("Content-Type", "application/json")], f'{{"token": "{token}"}}'.encode())
+
+    def do_HEAD(self):
+        self.registry.requests.append(("HEAD", self.path, dict(self.headers)))
+        parts = self.path.split("/")
+        if parts[:2] != ["", "v2"] or "manifests" not in parts:
+            return self._reply(404)
+        at = parts.index("manifests")
+        repository, tag = "/".join(parts[2:at]), parts[at + 1]
+        if repository.startswith("basic/"):
+            return self._reply(401, [("WWW-Authenticate", 'Basic realm="fake"')])
+        if not repository.startswith("open/") and self.headers.get("Authorization") != f"Bearer pull:{repository}":
+            realm = f"http://{self.registry.host}/token"
+            return self._reply(401, [("WWW-Authenticate", f'Bearer realm="{realm}",service="{SERVICE}",scope="aws"')])
+        if tag in ("missing", "boom"):
+            return self._reply(404 if tag == "missing" else 500)
+        if tag == "slow":
+            self.registry.release.wait(SLOW_SECONDS)
+        self._reply(200, self._manifest_headers(tag))
+
+    def _manifest_headers(self, tag: str) -> list[tuple[str, str]]:
+        """An index when the client accepts one, else a single manifest; the digest as the tag says."""
+        accept = self.headers.get("Accept", "")
+        multi = ("application/vnd.oci.image.index.v1+json" in accept
+                 or "application/vnd.docker.distribution.manifest.list.v2+json" in accept)
+        headers = [("Content-Type", "application/vnd.oci.image.index.v1+json" if multi
+                    else "application/vnd.oci.image.manifest.v1+json")]
+        if tag == "baddigest":
+            headers.append(("Docker-Content-Digest", "sha256:not-a-digest"))
+        elif tag != "nodigest":
+            headers.append(("Docker-Content-Digest", INDEX_DIGEST if multi else SINGLE_MANIFEST_DIGEST))
+        return headers
 
 
 @pytest.fixture(scope="session")
