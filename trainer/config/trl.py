@@ -134,6 +134,23 @@ def translate(values: Mapping[str, Any], source: str, ours: set[str],
     for key, value in values.items():
         if key in ours and key not in hf:
             own[key] = value
+    _renamed(hf, mapped, refuse)
+    _epochs_and_steps(hf, mapped, refuse)
+    _warmup(hf, mapped, refuse)
+    _schedule(hf, mapped, refuse)
+    _loss_mask(hf, mapped, refuse)
+    if "output_dir" in hf:
+        mapped["out"] = hf["output_dir"]
+    if "report_to" in hf:
+        _report_to(hf["report_to"], mapped, refuse)
+    for key in set(own) & set(mapped):
+        problems.append(f"{source}: both {key!r} and its TRL/transformers name are given; keep one")
+    _gradient_accumulation(hf, mapped, refuse)
+    return own, mapped, hf
+
+
+def _renamed(hf: dict, mapped: dict, refuse) -> None:
+    """Each key by its table: a refused value, a rename, refused outright, converted later, or unknown here."""
     for key, value in hf.items():
         if key in REFUSED_VALUES:
             ok, why = REFUSED_VALUES[key]
@@ -145,23 +162,17 @@ def translate(values: Mapping[str, Any], source: str, ours: set[str],
             refuse(key, REFUSED[key])
         elif key not in CONVERTED:
             refuse(key, "a transformers TrainingArguments option with no counterpart in this trainer")
-    _epochs_and_steps(hf, mapped, refuse)
-    _warmup(hf, mapped, refuse)
-    _schedule(hf, mapped, refuse)
-    _loss_mask(hf, mapped, refuse)
-    if "output_dir" in hf:
-        mapped["out"] = hf["output_dir"]
-    if "report_to" in hf:
-        _report_to(hf["report_to"], mapped, refuse)
-    for key in set(own) & set(mapped):
-        problems.append(f"{source}: both {key!r} and its TRL/transformers name are given; keep one")
-    if "gradient_accumulation_steps" in hf:
-        gas = hf["gradient_accumulation_steps"]
-        if isinstance(gas, bool) or not isinstance(gas, int) or gas < 1:
-            refuse("gradient_accumulation_steps", "must be a whole number, at least 1")
-        elif "per_device_train_batch_size" not in hf:
-            mapped["micro_batch_size"] = HF_DEFAULT_MICRO_BATCH
-    return own, mapped, hf
+
+
+def _gradient_accumulation(hf: dict, mapped: dict, refuse) -> None:
+    """Accumulation steps come from the batch sizes here; given without a micro batch, transformers' default one."""
+    if "gradient_accumulation_steps" not in hf:
+        return
+    gas = hf["gradient_accumulation_steps"]
+    if isinstance(gas, bool) or not isinstance(gas, int) or gas < 1:
+        refuse("gradient_accumulation_steps", "must be a whole number, at least 1")
+    elif "per_device_train_batch_size" not in hf:
+        mapped["micro_batch_size"] = HF_DEFAULT_MICRO_BATCH
 
 
 def _report_to(value: Any, mapped: dict, refuse) -> None:

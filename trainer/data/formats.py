@@ -82,52 +82,62 @@ class RecordError(DataError):
 def _message_list(value: Any, where: str, name: str, *, sharegpt: bool = False) -> list[dict]:
     if not isinstance(value, list) or not value:
         raise RecordError(f"{where} field {name}: expected a non-empty list of messages, found {_found(value)}")
-    out = []
-    for i, raw in enumerate(value):
-        at = f"{name}[{i}]"
-        if not isinstance(raw, dict):
-            raise RecordError(f"{where} field {at}: expected a message object with role and content, "
-                              f"found {_found(raw)}")
-        m = _drop_none(raw)
-        if sharegpt or ("from" in m and "role" not in m):
-            if "from" in m:
-                m["role"] = m.pop("from")
-            if "value" in m:
-                m["content"] = m.pop("value")
-            m["role"] = _SHAREGPT_ROLES.get(str(m.get("role")), m.get("role"))
-        role = m.get("role")
-        if role not in ROLES:
-            raise RecordError(f"{where} field {at}.role: expected one of {', '.join(ROLES)}, found {_found(role)}")
-        content = m.get("content")
-        if content is None and not (role == "assistant" and m.get("tool_calls")):
-            raise RecordError(f"{where} field {at}.content: missing; every message needs content (a string or a "
-                              f"list of content parts), except an assistant message with tool_calls")
-        if content is not None and not isinstance(content, (str, list)):
-            raise RecordError(f"{where} field {at}.content: expected a string or a list of content parts, "
-                              f"found {_found(content)}")
-        if isinstance(content, list):
-            for j, part in enumerate(content):
-                if not isinstance(part, dict) or "type" not in part:
-                    raise RecordError(f"{where} field {at}.content[{j}]: expected a content part "
-                                      f"{{type, ...}}, found {_found(part)}")
-                if part["type"] != "text":
-                    raise RecordError(f"{where} field {at}.content[{j}]: a {part['type']!r} part; this trainer "
-                                      f"fine-tunes text-only causal LMs, so only 'text' parts can be used")
-                if not isinstance(part.get("text"), str):
-                    raise RecordError(f"{where} field {at}.content[{j}].text: expected a string, "
-                                      f"found {_found(part.get('text'))}")
-        calls = m.get("tool_calls")
-        if calls is not None:
-            if role != "assistant" or not isinstance(calls, list):
-                what = "only assistant messages carry tool_calls" if role != "assistant" else "expected a list"
-                raise RecordError(f"{where} field {at}.tool_calls: {what}, found {_found(calls)}")
-            for j, call in enumerate(calls):
-                fn = call.get("function", call) if isinstance(call, dict) else None
-                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-                    raise RecordError(f"{where} field {at}.tool_calls[{j}]: expected "
-                                      f"{{type: function, function: {{name, arguments}}}}, found {_found(call)}")
-        out.append(m)
-    return out
+    return [_message(raw, where, f"{name}[{i}]", sharegpt) for i, raw in enumerate(value)]
+
+
+def _message(raw: Any, where: str, at: str, sharegpt: bool) -> dict:
+    """One message with its role, content and tool calls checked (a ShareGPT one renamed to role/content)."""
+    if not isinstance(raw, dict):
+        raise RecordError(f"{where} field {at}: expected a message object with role and content, "
+                          f"found {_found(raw)}")
+    m = _drop_none(raw)
+    if sharegpt or ("from" in m and "role" not in m):
+        if "from" in m:
+            m["role"] = m.pop("from")
+        if "value" in m:
+            m["content"] = m.pop("value")
+        m["role"] = _SHAREGPT_ROLES.get(str(m.get("role")), m.get("role"))
+    role = m.get("role")
+    if role not in ROLES:
+        raise RecordError(f"{where} field {at}.role: expected one of {', '.join(ROLES)}, found {_found(role)}")
+    content = m.get("content")
+    if content is None and not (role == "assistant" and m.get("tool_calls")):
+        raise RecordError(f"{where} field {at}.content: missing; every message needs content (a string or a "
+                          f"list of content parts), except an assistant message with tool_calls")
+    if content is not None and not isinstance(content, (str, list)):
+        raise RecordError(f"{where} field {at}.content: expected a string or a list of content parts, "
+                          f"found {_found(content)}")
+    if isinstance(content, list):
+        _check_parts(content, where, at)
+    if m.get("tool_calls") is not None:
+        _check_tool_calls(m["tool_calls"], role, where, at)
+    return m
+
+
+def _check_parts(content: list, where: str, at: str) -> None:
+    """Content parts: text ones only (a text-only causal LM)."""
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or "type" not in part:
+            raise RecordError(f"{where} field {at}.content[{j}]: expected a content part "
+                              f"{{type, ...}}, found {_found(part)}")
+        if part["type"] != "text":
+            raise RecordError(f"{where} field {at}.content[{j}]: a {part['type']!r} part; this trainer "
+                              f"fine-tunes text-only causal LMs, so only 'text' parts can be used")
+        if not isinstance(part.get("text"), str):
+            raise RecordError(f"{where} field {at}.content[{j}].text: expected a string, "
+                              f"found {_found(part.get('text'))}")
+
+
+def _check_tool_calls(calls: Any, role: str, where: str, at: str) -> None:
+    """An assistant message's list of calls, each naming its function."""
+    if role != "assistant" or not isinstance(calls, list):
+        what = "only assistant messages carry tool_calls" if role != "assistant" else "expected a list"
+        raise RecordError(f"{where} field {at}.tool_calls: {what}, found {_found(calls)}")
+    for j, call in enumerate(calls):
+        fn = call.get("function", call) if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise RecordError(f"{where} field {at}.tool_calls[{j}]: expected "
+                              f"{{type: function, function: {{name, arguments}}}}, found {_found(call)}")
 
 
 def _tools(record: dict, where: str) -> list[dict] | None:
@@ -172,14 +182,7 @@ def to_example(record: Any, where: str, text_field: str = "text") -> Example:
     if "conversations" in record:
         msgs = _message_list(record["conversations"], where, "conversations", sharegpt=True)
         return Example("messages", True, messages=msgs, tools=tools, where=where)
-    chat_pair = None
-    if "prompt" in record and "response" in record:
-        chat_pair = (_text(record, "prompt", where), _text(record, "response", where))
-    elif "instruction" in record and "output" in record:
-        prompt = _text(record, "instruction", where)
-        if record.get("input"):
-            prompt += "\n\n" + _text(record, "input", where)
-        chat_pair = (prompt, _text(record, "output", where))
+    chat_pair = _chat_pair(record, where)
     if chat_pair:
         msgs = [{"role": "user", "content": chat_pair[0]}, {"role": "assistant", "content": chat_pair[1]}]
         if record.get("system"):
@@ -191,6 +194,18 @@ def to_example(record: Any, where: str, text_field: str = "text") -> Example:
     hint = "" if text_field == "text" else f" (the text field is {text_field!r}: --dataset-text-field)"
     raise RecordError(f"{where}: has none of the supported field sets ({'; '.join(FORMATS)}){hint}; "
                       f"its fields are: {names}")
+
+
+def _chat_pair(record: dict, where: str) -> tuple[str, str] | None:
+    """(prompt, answer) of a prompt + response or an instruction (+ input) + output record, else None."""
+    if "prompt" in record and "response" in record:
+        return _text(record, "prompt", where), _text(record, "response", where)
+    if "instruction" in record and "output" in record:
+        prompt = _text(record, "instruction", where)
+        if record.get("input"):
+            prompt += "\n\n" + _text(record, "input", where)
+        return prompt, _text(record, "output", where)
+    return None
 
 
 # ---------------------------------------------------------------- rendering and masks
