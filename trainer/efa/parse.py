@@ -100,44 +100,72 @@ class _Proc:
 def _feed(proc: _Proc, msg: str, ev: Evidence) -> None:
     """Record what one NCCL message says about this process's transport."""
     proc.sources.setdefault(ev.source)
-    if m := _NCCL_VERSION.search(msg):
-        proc.nccl_version = proc.nccl_version or m.group("ver")
-    if m := _OFI_VERSION.search(msg):
-        proc.ofi_version = proc.ofi_version or m.group("ver")
-    if m := _COMM_RANK.search(msg):
-        size = int(m.group("nranks"))
-        if size > proc.comm_size:
-            proc.comm_rank, proc.comm_size = int(m.group("rank")), size
-    if m := _N_NODES.search(msg):
-        n = int(m.group("n"))
-        if proc.n_nodes is None or n > proc.n_nodes:
-            proc.n_nodes, proc.nodes_line = n, ev
-    if m := _SELECTED_PROVIDER.search(msg):
-        prov = m.group("prov")
-        proc.provider = proc.provider or prov
-        (proc.efa if _is_efa_provider(prov) else proc.sock).setdefault("provider", ev)
-    if m := _USING_NETWORK.search(msg):
-        net, key = (m.group("net"), "network") if m.group("net") else (m.group("assigned"), "assigned")
-        proc.network = proc.network or net
-        if _is_libfabric(net):
-            proc.efa.setdefault(key, ev)
-        elif net.lower() == "socket":
-            proc.sock.setdefault(key, ev)
-    if m := _CHANNEL.search(msg):
-        rank = m.group("dst") if m.group("recv") else m.group("src")
-        proc.channel_rank = int(rank) if proc.channel_rank is None else proc.channel_rank
-    if m := _VIA_NET.search(msg):
-        proc.net_channel = True
-        net = m.group("net")
-        proc.network = proc.network or net
-        if _is_libfabric(net):
-            proc.efa.setdefault("channel", ev)
-        elif net.lower() == "socket":
-            proc.sock.setdefault("channel", ev)
-    elif _VIA_LOCAL.search(msg):
+    for pattern, record in _MARKERS:
+        if m := pattern.search(msg):
+            record(proc, m, ev)
+    if _VIA_LOCAL.search(msg) and not _VIA_NET.search(msg):
         proc.local.setdefault("channel", ev)
-    if m := _OFI_FAILED.search(msg):
-        proc.failed.setdefault(m.group(0).lower(), ev)
+
+
+def _nccl_version(proc: _Proc, m: re.Match, ev: Evidence) -> None:
+    proc.nccl_version = proc.nccl_version or m.group("ver")
+
+
+def _ofi_version(proc: _Proc, m: re.Match, ev: Evidence) -> None:
+    proc.ofi_version = proc.ofi_version or m.group("ver")
+
+
+def _comm_rank(proc: _Proc, m: re.Match, ev: Evidence) -> None:
+    size = int(m.group("nranks"))
+    if size > proc.comm_size:
+        proc.comm_rank, proc.comm_size = int(m.group("rank")), size
+
+
+def _n_nodes(proc: _Proc, m: re.Match, ev: Evidence) -> None:
+    n = int(m.group("n"))
+    if proc.n_nodes is None or n > proc.n_nodes:
+        proc.n_nodes, proc.nodes_line = n, ev
+
+
+def _provider(proc: _Proc, m: re.Match, ev: Evidence) -> None:
+    prov = m.group("prov")
+    proc.provider = proc.provider or prov
+    (proc.efa if _is_efa_provider(prov) else proc.sock).setdefault("provider", ev)
+
+
+def _network(proc: _Proc, net: str, key: str, ev: Evidence) -> None:
+    """A network NCCL names: EFA evidence for libfabric, socket evidence for Socket, the first one kept."""
+    proc.network = proc.network or net
+    if _is_libfabric(net):
+        proc.efa.setdefault(key, ev)
+    elif net.lower() == "socket":
+        proc.sock.setdefault(key, ev)
+
+
+def _using_network(proc: _Proc, m: re.Match, ev: Evidence) -> None:
+    net, key = (m.group("net"), "network") if m.group("net") else (m.group("assigned"), "assigned")
+    _network(proc, net, key, ev)
+
+
+def _channel(proc: _Proc, m: re.Match, ev: Evidence) -> None:
+    rank = m.group("dst") if m.group("recv") else m.group("src")
+    proc.channel_rank = int(rank) if proc.channel_rank is None else proc.channel_rank
+
+
+def _via_net(proc: _Proc, m: re.Match, ev: Evidence) -> None:
+    proc.net_channel = True
+    _network(proc, m.group("net"), "channel", ev)
+
+
+def _ofi_failed(proc: _Proc, m: re.Match, ev: Evidence) -> None:
+    proc.failed.setdefault(m.group(0).lower(), ev)
+
+
+# each marker NCCL prints and what it records, in this order (a network named first is the one kept)
+_MARKERS = ((_NCCL_VERSION, _nccl_version), (_OFI_VERSION, _ofi_version), (_COMM_RANK, _comm_rank),
+            (_N_NODES, _n_nodes),
+            (_SELECTED_PROVIDER, _provider), (_USING_NETWORK, _using_network), (_CHANNEL, _channel),
+            (_VIA_NET, _via_net), (_OFI_FAILED, _ofi_failed))
 
 
 _EVIDENCE_ORDER = ("provider", "network", "channel", "assigned")
