@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from facts import ray as ray_facts
 from facts.errors import EXIT_FAILED, EXIT_OK, UserError, first_line
@@ -68,25 +68,7 @@ def preflight(cfg: TrainConfig, storage_filesystem: Any = None, *, full_data: bo
     problems: list[str] = []
     info: dict = {"notes": []}
     fs_for = lambda uri: storage_filesystem if uri.startswith("s3://") else None  # noqa: E731
-    model_ok = False
-    try:
-        mcfg = read_model_config(cfg.model, storage_fs=fs_for(cfg.model))
-        info["model_type"] = getattr(mcfg, "model_type", "?")
-        limit = getattr(mcfg, "max_position_embeddings", None)
-        if limit and cfg.seq_len > limit:
-            problems.append(f"{flag('seq_len')} = {cfg.seq_len} exceeds the model's maximum sequence length "
-                            f"(max_position_embeddings = {limit}); use --seq-len {limit} or less")
-        info["decoder_layers"] = len(check_architecture(mcfg).layers)  # on the meta device: shardable?
-        info["weights"] = check_weights(cfg.model, storage_fs=fs_for(cfg.model), random_init=cfg.random_init)
-        model_ok = True
-    except ModelSourceError as e:
-        problems.append(f"{flag('model')}: {e}")
-    if cfg.tokenizer:
-        try:
-            read_model_config(cfg.tokenizer, storage_fs=fs_for(cfg.tokenizer))
-        except ModelSourceError as e:
-            problems.append(f"{flag('tokenizer')}: {str(e).replace('model ', 'tokenizer ', 1)}")
-
+    model_ok = _check_model(cfg, fs_for, info, problems)
     for name in missing_backends(cfg.reporters):
         problems.append(f"{flag('report_to')} {name}: the {name} package is not installed where the job runs; "
                         f"install it (pip install {name}; with `trainer submit`, --pip {name}), or drop it")
@@ -106,19 +88,7 @@ def preflight(cfg: TrainConfig, storage_filesystem: Any = None, *, full_data: bo
             which = "tokenizer" if cfg.tokenizer else "model"
             problems.append(f"{flag(which)}: cannot load its tokenizer ({first_line(e)})")
     try:
-        if full_data and tokenizer is not None:
-            packed = prepare(DataSpec.from_config(cfg), tokenizer=tokenizer, seq_len=cfg.seq_len,
-                             cache_dir=cfg.resolved_cache_dir, storage_fs=fs_for(cfg.dataset))
-            if for_run:
-                packed.step_rows(0, cfg.global_batch_size, cfg.seed)  # at least one global batch
-            info["data"] = packed.meta
-            info["notes"] += data_summary(packed.meta, cfg.overlong)
-        else:
-            records = load_records(cfg.dataset, cfg.dataset_split, config=cfg.dataset_config,
-                                   storage_fs=fs_for(cfg.dataset), limit=100, cache_dir=cfg.resolved_cache_dir)
-            renderer = Renderer(tokenizer, cfg.train_on) if tokenizer is not None else None
-            check_records(records, cfg.dataset, renderer=renderer, text_field=cfg.dataset_text_field)
-            info["sampled_records"] = len(records)
+        _check_data(cfg, tokenizer, fs_for(cfg.dataset), info, full_data=full_data, for_run=for_run)
     except DataError as e:
         where = flag("chat_template") if "no chat template" in str(e) else flag("dataset")
         problems.append(f"{where}: {e}")
@@ -133,6 +103,49 @@ def preflight(cfg: TrainConfig, storage_filesystem: Any = None, *, full_data: bo
         changed = resume.check(cfg, info["inputs"], Storage.from_uri(cfg.run_uri, fs=fs_for(cfg.run_uri)))
         info["notes"] += [f"{flag('resume_anyway')}: resuming {cfg.run_uri} although {d}" for d in changed]
     return info
+
+
+def _check_model(cfg: TrainConfig, fs_for: Callable[[str], Any], info: dict, problems: list[str]) -> bool:
+    """The model's config (and --seq-len against it), architecture and weight headers; --tokenizer's config.
+
+    Whether the model is usable (then its identity is recorded for resumption)."""
+    model_ok = False
+    try:
+        mcfg = read_model_config(cfg.model, storage_fs=fs_for(cfg.model))
+        info["model_type"] = getattr(mcfg, "model_type", "?")
+        limit = getattr(mcfg, "max_position_embeddings", None)
+        if limit and cfg.seq_len > limit:
+            problems.append(f"{flag('seq_len')} = {cfg.seq_len} exceeds the model's maximum sequence length "
+                            f"(max_position_embeddings = {limit}); use --seq-len {limit} or less")
+        info["decoder_layers"] = len(check_architecture(mcfg).layers)  # on the meta device: shardable?
+        info["weights"] = check_weights(cfg.model, storage_fs=fs_for(cfg.model), random_init=cfg.random_init)
+        model_ok = True
+    except ModelSourceError as e:
+        problems.append(f"{flag('model')}: {e}")
+    if cfg.tokenizer:
+        try:
+            read_model_config(cfg.tokenizer, storage_fs=fs_for(cfg.tokenizer))
+        except ModelSourceError as e:
+            problems.append(f"{flag('tokenizer')}: {str(e).replace('model ', 'tokenizer ', 1)}")
+    return model_ok
+
+
+def _check_data(cfg: TrainConfig, tokenizer, dataset_fs: Any, info: dict, *, full_data: bool, for_run: bool) -> None:
+    """The dataset packed as the workers will (with `full_data` and a tokenizer), else its first records
+    rendered; DataError when it cannot be used."""
+    if full_data and tokenizer is not None:
+        packed = prepare(DataSpec.from_config(cfg), tokenizer=tokenizer, seq_len=cfg.seq_len,
+                         cache_dir=cfg.resolved_cache_dir, storage_fs=dataset_fs)
+        if for_run:
+            packed.step_rows(0, cfg.global_batch_size, cfg.seed)  # at least one global batch
+        info["data"] = packed.meta
+        info["notes"] += data_summary(packed.meta, cfg.overlong)
+        return
+    records = load_records(cfg.dataset, cfg.dataset_split, config=cfg.dataset_config,
+                           storage_fs=dataset_fs, limit=100, cache_dir=cfg.resolved_cache_dir)
+    renderer = Renderer(tokenizer, cfg.train_on) if tokenizer is not None else None
+    check_records(records, cfg.dataset, renderer=renderer, text_field=cfg.dataset_text_field)
+    info["sampled_records"] = len(records)
 
 
 def scaling_config(cfg: TrainConfig):
