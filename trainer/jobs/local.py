@@ -195,12 +195,43 @@ def main(argv: Sequence[str]) -> int:
         check_reachable(args.address)
 
     _quiet_libraries()
+    info, init_model, eval_rows = _prepare(cfg, out)
+    before = _evaluate(init_model, eval_rows) if eval_rows else None
+    if before is not None:
+        print(f"[2/5] held-out exact match before training: {before:.1%} ({len(eval_rows)} examples)", flush=True)
+    else:
+        print("[2/5] no held-out set (not the demo's data): skipping exact match", flush=True)
+
+    error, t_train = _train_on_a_cluster(args.address, cfg, info)
+    train_s = time.perf_counter() - t_train  # the cluster is down again: the CPUs are free for the evaluation
+    if error:
+        print(f"error: training failed: {error}", file=sys.stderr)
+        return EXIT_FAILED
+
+    model_dir = Path(cfg.run_uri) / "model"
+    after = _evaluate(model_dir, eval_rows) if eval_rows and cfg.export else None
+    if after is not None:
+        print(f"[4/5] held-out exact match after training: {after:.1%}", flush=True)
+    else:
+        print("[4/5] trained", flush=True)
+    print("[5/5] done in {:.0f} s (training job {:.0f} s)".format(time.perf_counter() - t_start, train_s))
+    if after is not None:
+        for prompt, want, got in _samples(model_dir, eval_rows):
+            print(f"      {prompt!r:>24} -> {got!r} (expected {want!r})")
+    exact = [f"  exact match   {before:.1%} -> {after:.1%} on {len(eval_rows)} held-out prompts"] if after is not None \
+        else []
+    print("\n" + "\n".join(line for line in exact + _summary(cfg, model_dir) if line))
+    return EXIT_OK
+
+
+def _prepare(cfg: TrainConfig, out: Path) -> tuple[dict, Path, list[dict]]:
+    """Step 1: the demo's model and data where the run uses them, then the pre-flight (the preflight's info,
+    the model trained from, the held-out rows). A refused pre-flight removes a folder this step created."""
     demo_model, demo_data = cfg.model == str(out / DEMO_MODEL), uses_demo_data(cfg, out)
     what = " and ".join(w for w, on in (("the tiny Qwen2 model", demo_model), ("the instruction data", demo_data)) if on)
     print(f"[1/5] preparing {what or 'the run'} in {out}", flush=True)
     created = not out.exists()
     init_model, eval_rows = prepare_assets(out, cfg.seed, model=demo_model, data=demo_data)
-
     try:
         info = preflight(cfg)
     except UserError:
@@ -208,19 +239,20 @@ def main(argv: Sequence[str]) -> int:
             shutil.rmtree(out, ignore_errors=True)
         raise
     print_notes(info)
-    before = _evaluate(init_model, eval_rows) if eval_rows else None
-    if before is not None:
-        print(f"[2/5] held-out exact match before training: {before:.1%} ({len(eval_rows)} examples)", flush=True)
-    else:
-        print("[2/5] no held-out set (not the demo's data): skipping exact match", flush=True)
+    return info, init_model, eval_rows
 
+
+def _train_on_a_cluster(address: str | None, cfg: TrainConfig, info: dict) -> tuple[str | None, float]:
+    """Step 3: the training job on the cluster at `address`, else on a local one of its own.
+
+    Its error (None when it succeeded) and the perf_counter time it started at."""
     import ray
 
     with contextlib.ExitStack() as stack:
-        if args.address:
-            ctx = connect(args.address, logging_level="WARNING")
+        if address:
+            ctx = connect(address, logging_level="WARNING")
             stack.callback(ray.shutdown)
-            where = f"the Ray cluster at {args.address}"
+            where = f"the Ray cluster at {address}"
         else:
             ctx = stack.enter_context(own_cluster(max(2, cfg.num_workers)))
             where = "a local Ray cluster of its own"
@@ -234,30 +266,16 @@ def main(argv: Sequence[str]) -> int:
         except UserError:
             raise
         except Exception as e:  # noqa: BLE001 - Ray raises the workers' error from fit()
-            print(f"error: training failed: {e}", file=sys.stderr)
-            return EXIT_FAILED
-    train_s = time.perf_counter() - t_train  # the cluster is down again: the CPUs are free for the evaluation
-    if result.error:
-        print(f"error: training failed: {result.error}", file=sys.stderr)
-        return EXIT_FAILED
+            return str(e), t_train
+    return result.error or None, t_train
 
-    model_dir = Path(cfg.run_uri) / "model"
-    after = _evaluate(model_dir, eval_rows) if eval_rows and cfg.export else None
-    if after is not None:
-        print(f"[4/5] held-out exact match after training: {after:.1%}", flush=True)
-    else:
-        print("[4/5] trained", flush=True)
 
+def _summary(cfg: TrainConfig, model_dir: Path) -> list[str]:
+    """Where the run's results are: loss, throughput, the run folder's metrics, checkpoints and model."""
     run = Path(cfg.run_uri)
     metrics = read_metrics(run / "metrics.jsonl")
     checkpoints = ckpt.names(run)
-    print("[5/5] done in {:.0f} s (training job {:.0f} s)".format(time.perf_counter() - t_start, train_s))
-    if after is not None:
-        for prompt, want, got in _samples(model_dir, eval_rows):
-            print(f"      {prompt!r:>24} -> {got!r} (expected {want!r})")
-    lines = [f"  exact match   {before:.1%} -> {after:.1%} on {len(eval_rows)} held-out prompts"] if after is not None \
-        else []
-    lines += [
+    return [
         f"  loss          {metrics[0]['loss']:.3f} (step {metrics[0]['step']}) -> {metrics[-1]['loss']:.3f} "
         f"(step {metrics[-1]['step']})",
         f"  throughput    {metrics[-1]['tokens_per_s']:.0f} tokens/s",
@@ -268,5 +286,3 @@ def main(argv: Sequence[str]) -> int:
         f"  model         {model_dir}   (AutoModelForCausalLM.from_pretrained)" if cfg.export else "",
         f"  data          {cfg.dataset}",
     ]
-    print("\n" + "\n".join(line for line in lines if line))
-    return EXIT_OK
