@@ -126,42 +126,52 @@ def plan_sharding(sharding: str, world_size: int, hosts: list[str], *, shard_siz
     nodes = len(per_host)
     even = len(set(per_host.values())) == 1
     ranks_per_node = world_size // nodes if even else 0
-    if shard_size:
-        if world_size % shard_size:
-            raise ValueError(f"shard size {shard_size} does not divide the {world_size} workers; "
-                             f"use a divisor of {world_size}")
-        group = shard_size
-    elif even:
-        group = ranks_per_node
-    elif sharding == "hybrid":
-        raise ValueError(f"hybrid sharding needs the same number of workers on every node, got "
-                         f"{dict(per_host)}; pass --shard-size or use --sharding full")
-    else:
-        group = world_size
-    reason = f"--sharding {sharding}"
-    kind = sharding
+    group = _shard_group(sharding, world_size, per_host, shard_size, ranks_per_node if even else None)
     if sharding == "auto":
-        if shard_size:
-            kind, reason = "hybrid", f"--shard-size {shard_size}"
-        elif nodes <= 1:
-            kind, reason = "full", "one node"
-        elif instance_type:
-            net = instance_network(instance_type)
-            est = comm_estimate(params or 10**9, nodes=nodes, gpus_per_node=group, network_gbps=net["network_gbps"],
-                                intra_node_gbytes_per_s=net["intra_node_gbytes_per_s"],
-                                micro_batches=micro_batches, param_bytes=param_bytes)
-            kind = choose_sharding(est, nodes)
-            reason = format_estimate(est, nodes=nodes, gpus_per_node=group, instance_type=instance_type,
-                                     network_gbps=net["network_gbps"], chosen=kind)
-            if params is None:
-                reason += " (seconds per 1B parameters)"
-        else:
-            kind, reason = "hybrid", f"{nodes} nodes of unknown instance type: only gradients cross nodes"
+        kind, reason = _auto_sharding(nodes, group, shard_size=shard_size, instance_type=instance_type,
+                                      micro_batches=micro_batches, params=params, param_bytes=param_bytes)
+    else:
+        kind, reason = sharding, f"--sharding {sharding}"
     if kind == "hybrid" and world_size // group == 1:
         kind, reason = "full", reason + "; one replica, so full sharding"
     if kind == "full":
         return ShardingPlan("full", 1, world_size, nodes, ranks_per_node, reason)
     return ShardingPlan("hybrid", world_size // group, group, nodes, ranks_per_node, reason)
+
+
+def _shard_group(sharding: str, world_size: int, per_host: Counter, shard_size: int,
+                 ranks_per_node: int | None) -> int:
+    """Ranks per shard group: --shard-size, else a node's ranks (None: nodes differ), else every rank."""
+    if shard_size:
+        if world_size % shard_size:
+            raise ValueError(f"shard size {shard_size} does not divide the {world_size} workers; "
+                             f"use a divisor of {world_size}")
+        return shard_size
+    if ranks_per_node is not None:
+        return ranks_per_node
+    if sharding == "hybrid":
+        raise ValueError(f"hybrid sharding needs the same number of workers on every node, got "
+                         f"{dict(per_host)}; pass --shard-size or use --sharding full")
+    return world_size
+
+
+def _auto_sharding(nodes: int, group: int, *, shard_size: int, instance_type: str | None, micro_batches: int,
+                   params: int | None, param_bytes: int) -> tuple[str, str]:
+    """What `auto` picks, and why: the communication estimate decides on several nodes of a known type."""
+    if shard_size:
+        return "hybrid", f"--shard-size {shard_size}"
+    if nodes <= 1:
+        return "full", "one node"
+    if not instance_type:
+        return "hybrid", f"{nodes} nodes of unknown instance type: only gradients cross nodes"
+    net = instance_network(instance_type)
+    est = comm_estimate(params or 10**9, nodes=nodes, gpus_per_node=group, network_gbps=net["network_gbps"],
+                        intra_node_gbytes_per_s=net["intra_node_gbytes_per_s"],
+                        micro_batches=micro_batches, param_bytes=param_bytes)
+    kind = choose_sharding(est, nodes)
+    reason = format_estimate(est, nodes=nodes, gpus_per_node=group, instance_type=instance_type,
+                             network_gbps=net["network_gbps"], chosen=kind)
+    return kind, reason + (" (seconds per 1B parameters)" if params is None else "")
 
 
 @dataclass(frozen=True)
