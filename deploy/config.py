@@ -415,7 +415,7 @@ POOL_SOURCES = "node pool keys"
 
 def stack_key(name: str, default: Any, parse: Callable[[str, Any, Problems], Any], help: str,
               shown_default: str | None = None) -> Any:
-    """A StackConfig field that is the stack key `name`: its default, check and README row, declared once."""
+    """A StackConfig field that is the stack key `name`: its default, check and docs row, declared once."""
     declared = {STACK_KEY: Setting(name, default, parse, help, shown_default)}
     if type(default).__hash__ is None:  # dataclasses refuse an unhashable default (MappingProxyType) as such
         return field(default_factory=lambda: default, metadata=declared)
@@ -430,7 +430,7 @@ def pool_keys(*settings: Setting) -> Any:
 @dataclass(frozen=True)
 class StackConfig:
     """The validated stack. Each field from api_access_cidrs to tags IS a stack key's declaration (`stack_key`),
-    so KEYS, the parser and the README's table derive from these fields; node_pools declares the keys it is
+    so KEYS, the parser and docs/configuration.md's table derive from these fields; node_pools declares the keys it is
     built from. A field's default is its key's: None where the key is required (apiAccessCidrs) or `load`
     derives the value (clusterName, clusterAutoscalerImageTag)."""
 
@@ -586,7 +586,7 @@ class StackConfig:
 
 
 def declared_keys(cls: type = StackConfig) -> dict[str, Setting]:
-    """Every stack key the fields of `cls` declare, in field order (the README table's order)."""
+    """Every stack key the fields of `cls` declare, in field order (the order of docs/configuration.md's table)."""
     found: dict[str, Setting] = {}
     for f in fields(cls):
         for setting in ((f.metadata[STACK_KEY],) if STACK_KEY in f.metadata else f.metadata.get(POOL_SOURCES, ())):

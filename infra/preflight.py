@@ -1,6 +1,6 @@
 """What only the account can tell, looked up before anything is declared (`pulumi preview` does it too).
 
-The configuration's own rules are checked when it is loaded (infra.config); these need the account:
+The configuration's own rules are checked when it is loaded (deploy.config); these need the account:
 which zone IDs its AZ names map to, what a capacity reservation holds, who is deploying and how many
 vCPUs it may run. Lookups are invokes through a provider of their own, so they finish before the DLC
 image is pinned and before any resource is registered; every problem is reported at once.

@@ -245,7 +245,7 @@ def test_every_declared_key_is_a_stack_config_field_with_the_declared_default():
         camel = name.split("_")[0] + "".join(w.capitalize() for w in name.split("_")[1:])
         assert camel == key, (key, name)
         assert _field_default(by_field[name]) == config.KEYS[key].default, key
-    # What is not a stack key is explicit, and the README's rows are these declarations in field order.
+    # What is not a stack key is explicit, and docs/configuration.md's rows are these declarations in field order.
     assert set(by_field) - set(sets.values()) == {"project", "stack", "region", "node_pools", "aws_settings",
                                                   "placeholders"}
     rows = config.markdown_tables()["stack"].splitlines()[3:]

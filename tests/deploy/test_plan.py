@@ -152,7 +152,7 @@ def _idle_hints(out: str) -> list[str]:
 
 
 def _pools_with(**changes) -> dict:
-    """The README's node-pools stack (tests/examples.py), with some pools' settings replaced."""
+    """The node-pools stack of docs/configuration.md (tests/examples.py), with some pools' settings replaced."""
     from tests.examples import documented_stack
 
     pools = documented_stack("pools")["raytrain-eks:nodePools"]
@@ -160,7 +160,7 @@ def _pools_with(**changes) -> dict:
 
 
 def test_the_idle_hint_of_a_node_pools_stack_names_the_pools_own_keys(tmp_path, monkeypatch, capsys):
-    """The README's stack: l40s scales to zero, gpu keeps its 2 nodes. The hint names gpu's keys, not the shorthand
+    """The documented stack: l40s scales to zero, gpu keeps its 2 nodes. The hint names gpu's keys, not the shorthand
     (refused with nodePools), and following it gives a stack that plans without a hint."""
     out = _plan(tmp_path, monkeypatch, capsys, nodePools=_pools_with())
     assert _idle_hints(out) == [

@@ -87,7 +87,7 @@ def test_build_trainer_hands_the_selector_to_torch_trainer(tmp_path):
 
 def test_a_stack_with_one_gpu_pool_needs_no_flag():
     """Sized from its only GPU pool, where a GPU worker lands anyway: pinned only when named (a stack upgraded in
-    place keeps worker pods without the label until they are recreated, see the README)."""
+    place keeps worker pods without the label until they are recreated, see docs/configuration.md, Node pools)."""
     cfg = job_config(ONE_GPU_POOL)
     assert (cfg.num_workers, cfg.instance_type, cfg.pool) == (8, "g6.12xlarge", None)  # 2 nodes x 4 L4
     assert launch.scaling_config(cfg).label_selector is None
