@@ -46,3 +46,10 @@ def strict_raycluster_schema(raycluster_schema) -> jsonschema.Validator:
     return jsonschema.Draft7Validator(no_unknown_fields(copy.deepcopy(raycluster_schema.schema)))
 
 
+
+
+def pytest_collection_modifyitems(items):
+    """Every test that needs the session's Ray cluster is a `ray` test: `pytest -m "not ray"` is the fast tier."""
+    for item in items:
+        if "ray_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.ray)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from itertools import pairwise
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -59,20 +60,25 @@ def _batch(arrays, rows=slice(None)):
     return {k: torch.from_numpy(arrays[k][rows]).long() for k in ("input_ids", "labels", "position_ids")}
 
 
-# flex_attention is what the padding benchmark uses on a GPU; on CPU it compiles (about 30 s).
+# flex_attention is what the padding benchmark uses on a GPU; on CPU it compiles for each batch shape (tens of
+# seconds each), so both batches below have one shape: the documents alone are one row each, and the packed
+# batch is filled up to as many rows with rows of padding only (no trained token: no document of theirs).
 @pytest.mark.parametrize("attn", ["sdpa", "eager", "flex_attention"])
 def test_packed_batch_gives_the_same_per_document_losses_as_documents_alone(tokenizer, attn):
     model = _model(attn)
     docs = _docs(tokenizer)
     packed, stats = pack(docs, seq_len=96, pad_id=tokenizer.pad_token_id)
-    assert stats.rows < stats.documents  # several documents really share rows
-    packed_losses = torch.stack(document_losses(model, _batch(packed)))
+    assert stats.rows < stats.documents and stats.truncated == 0  # several documents really share rows, whole
+    singles = [pack([doc], seq_len=96, pad_id=tokenizer.pad_token_id)[0] for doc in docs]
+    alone_batch = {k: np.concatenate([one[k] for one in singles]) for k in ("input_ids", "labels", "position_ids")}
+    padding_row = {"input_ids": np.full((1, 96), tokenizer.pad_token_id, np.int32),
+                   "labels": np.full((1, 96), IGNORE_INDEX, np.int32), "position_ids": np.arange(96)[None]}
+    packed = {k: np.concatenate([packed[k], *[padding_row[k]] * (len(docs) - stats.rows)])
+              for k in ("input_ids", "labels", "position_ids")}
+    assert packed["input_ids"].shape == alone_batch["input_ids"].shape == (len(docs), 96)
 
-    alone = []
-    for doc in docs:
-        single, _ = pack([doc], seq_len=len(doc[0]), pad_id=tokenizer.pad_token_id)
-        alone += document_losses(model, _batch(single))
-    alone = torch.stack(alone)
+    packed_losses = torch.stack(document_losses(model, _batch(packed)))
+    alone = torch.stack(document_losses(model, _batch(alone_batch)))
     assert packed_losses.shape == alone.shape == (len(docs),)
     torch.testing.assert_close(packed_losses, alone, rtol=1e-5, atol=1e-5)
 
