@@ -96,6 +96,10 @@ class Storage:
         if self.is_dir(*parts):
             self.fs.delete_dir(self.path(*parts))
 
+    def delete_file(self, *parts: str) -> None:
+        if self.exists(*parts):
+            self.fs.delete_file(self.path(*parts))
+
 
 def location_problem(uri: str, fs: pafs.FileSystem | None = None) -> str | None:
     """Why a run folder cannot be written (None when it can), found without writing anything that stays.

@@ -25,17 +25,23 @@ from trainer.run_folder import checkpoint as ckpt
 from trainer.run_folder.export import EXPORT_DIR
 from trainer.storage import Storage
 
+from .conftest import LOCAL_POOL
+
 STEPS = 24
 EVERY = 4  # a checkpoint every 4 steps: an interruption after the first one still leaves 20 steps to go
 
 
 def config(assets: dict, cache: Path, storage_path: str, run_name: str, **changes) -> TrainConfig:
-    """The demo's tiny Qwen2 model on 2 CPU workers; a few seconds of training after start-up."""
+    """The demo's tiny Qwen2 model on 2 CPU workers; a few seconds of training after start-up.
+
+    The workers select the session node's pool (--pool, Ray Train's label selector), so every run
+    built from this also shows that a pinned run is placed and trains.
+    """
     cfg = TrainConfig(
         model=str(assets["model"]), dataset=str(assets["train"]), seq_len=128, global_batch_size=8,
         micro_batch_size=2, steps=STEPS, lr=3e-3, warmup_steps=2, seed=0, log_every=EVERY,
         checkpoint_every=EVERY, num_to_keep=2, num_workers=2, device="cpu", storage_path=storage_path,
-        run_name=run_name, cache_dir=str(cache), progress=False)
+        run_name=run_name, cache_dir=str(cache), progress=False, pool=LOCAL_POOL)
     return dataclasses.replace(cfg, **changes)
 
 

@@ -223,7 +223,9 @@ def test_an_architecture_the_trainer_cannot_shard_is_refused_before_ray_starts(t
 
 # ---------------------------------------------------------------- end to end on Ray (2 CPU workers)
 
-RAY_CASES = [("gemma2", True), ("mixtral", False)]
+# One architecture unlike the demo's Qwen2 end to end (MoE, untied, per-expert keys in the export); every
+# architecture's build, first step and sharded loading are checked above without Ray.
+RAY_CASES = [("mixtral", False)]
 
 
 @pytest.fixture(scope="module")

@@ -242,3 +242,27 @@ def test_an_rng_file_holding_a_pickled_object_is_refused_without_running_it(proc
     assert message.startswith(f"checkpoint {store.path(ckpt.dir_name(1))}: rng/rank_0.pt: not an RNG state")
     assert message.endswith("(a pickle from storage could run code); it pickles posix.mkdir")
     assert "\n" not in message and not ran.exists()
+
+
+def test_rays_record_is_set_aside_when_it_names_a_torn_checkpoint_or_cannot_be_read(process_group, demo_assets,
+                                                                                     tmp_path):
+    """Ray resumes from, and later deletes, what its record names: a record naming a torn checkpoint would have Ray
+    delete the step the resumed run saves again under that name; an unreadable one fails every resume."""
+    store = _saved_run(demo_assets, tmp_path)
+    record = {"checkpoint_results": [{"checkpoint_dir_name": ckpt.dir_name(1)}, {"checkpoint_dir_name": ckpt.dir_name(2)}]}
+    store.write_text(json.dumps(record), ckpt.RAY_SNAPSHOT)
+    assert ckpt.repair_ray_record(store) is None  # every checkpoint it names is complete: kept as it is
+    assert json.loads(store.read_text(ckpt.RAY_SNAPSHOT)) == record
+
+    store.delete_file(ckpt.dir_name(2), ckpt.MARKER)  # the newest torn, as an upload cut short leaves it
+    note = ckpt.repair_ray_record(store)
+    assert f"names {ckpt.dir_name(2)}, which is not complete: set aside as {ckpt.RAY_SNAPSHOT}.set-aside-" in note
+    assert not store.exists(ckpt.RAY_SNAPSHOT)
+    (aside,) = [p for p in (tmp_path / "run").iterdir() if p.name.startswith(ckpt.RAY_SNAPSHOT)]
+    assert json.loads(aside.read_text()) == record  # kept for whoever wants to look, never read by Ray again
+    assert ckpt.resume_point(store) == ckpt.dir_name(1)
+
+    store.write_text("", ckpt.RAY_SNAPSHOT)  # what a full disk leaves
+    assert "cannot be read (0 bytes, not JSON)" in ckpt.repair_ray_record(store)
+    assert not store.exists(ckpt.RAY_SNAPSHOT)
+    assert ckpt.repair_ray_record(store) is None  # no record: nothing to do

@@ -168,33 +168,17 @@ def test_submit_to_a_two_pool_stack_without_a_known_pool_exits_2_naming_the_pool
 
 # --- on a real Ray cluster: the session's one node is in pool LOCAL_POOL -------------------------------
 
-def _write_node_pool(config):
-    """Each worker writes the pool label of the node it runs on (one machine: the folder is shared)."""
-    import ray
-    import ray.train
+def test_ray_train_reserves_pinned_workers_only_on_nodes_of_that_pool(ray_cluster):
+    """Ray 2.58 honours the selector: the placement group Ray Train reserves its workers with (worker_group.py)
+    is placed on the node labelled LOCAL_POOL, and stays pending for a pool no node belongs to.
 
-    labels = ray.get_runtime_context().get_node_labels()
-    rank = ray.train.get_context().get_world_rank()
-    (Path(config["into"]) / f"rank{rank}").write_text(str(labels.get(ray_facts.POOL_LABEL)))
-
-
-def test_ray_train_places_pinned_workers_only_on_nodes_of_that_pool(ray_cluster, tmp_path):
-    """Ray 2.58 honours the selector: workers land on the node labelled LOCAL_POOL, and on no node of another pool.
-
-    One node here: the second half shows that a pool no node belongs to gets no worker (the
-    placement group Ray Train reserves its workers with, worker_group.py, stays pending).
+    That a run pinned this way then trains is shown by every fault-tolerance run (tests/trainer/
+    reference_runs.py selects LOCAL_POOL).
     """
     import ray
-    from ray.train import RunConfig
-    from ray.train.torch import TorchTrainer
     from ray.util.placement_group import placement_group, remove_placement_group
 
     cfg = TrainConfig(model="m", dataset="d", num_workers=2, pool=LOCAL_POOL)
-    landed = tmp_path / "landed"
-    landed.mkdir()
-    TorchTrainer(_write_node_pool, train_loop_config={"into": str(landed)}, scaling_config=launch.scaling_config(cfg),
-                 run_config=RunConfig(name="pinned", storage_path=str(tmp_path / "runs"))).fit()
-    assert {p.name: p.read_text() for p in landed.iterdir()} == {"rank0": LOCAL_POOL, "rank1": LOCAL_POOL}
 
     def reserve(config: TrainConfig):
         scaling = launch.scaling_config(config)  # as Ray Train's worker group reserves it

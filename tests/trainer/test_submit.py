@@ -108,18 +108,6 @@ def test_the_entrypoint_runs_the_first_python_that_has_ray_and_torch(tmp_path):
     assert proc.returncode == 127 and "no python with ray and torch" in proc.stderr
 
 
-def test_no_wait_prints_commands_that_work_as_printed(ray_cluster, job_args):
-    _, args = job_args
-    proc = cli("submit", "--address", ray_cluster.dashboard_url, "--run-name", "submit-nowait", "--no-wait", *args,
-               env=ray_cluster.client_env())
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    logs = re.search(r"Follow it with `([^`]+)`", proc.stdout).group(1)
-    assert logs.split()[-2:] == ["--address", ray_cluster.dashboard_url]
-    followed = subprocess.run(shlex.split(logs), cwd=REPO, env=ray_cluster.client_env(), capture_output=True,
-                              text=True, timeout=600)
-    assert followed.returncode == 0 and "done: run folder" in followed.stdout, followed.stderr[-3000:]
-
-
 def test_ray_address_is_the_default_dashboard_address(ray_cluster, succeeded):
     env = {**ray_cluster.client_env(), "RAY_ADDRESS": ray_cluster.dashboard_url}
     proc = cli("status", "submit-ok", env=env)
@@ -135,13 +123,21 @@ def test_status_and_logs_of_a_finished_run(ray_cluster, succeeded):
     assert missing.returncode == 2 and "no run named 'no-such-run'" in missing.stderr
 
 
-def test_a_failing_job_exits_non_zero_with_the_tail_of_its_error(ray_cluster, job_args):
+def test_a_failing_job_submitted_without_waiting_is_followed_as_printed_to_its_error(ray_cluster, job_args):
+    """`--no-wait` returns once the job is in, printing the command that follows it; that command, run as
+    printed, streams the job to its end and exits as the job did: 1, with the tail of the job's error."""
     _, args = job_args
-    proc = cli("submit", "--address", ray_cluster.dashboard_url, "--run-name", "submit-fails",
+    proc = cli("submit", "--address", ray_cluster.dashboard_url, "--run-name", "submit-fails", "--no-wait",
                "--fail-at-step", "2", "--max-failures", "0", *args, env=ray_cluster.client_env())
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    assert "Run submit-fails: FAILED" in proc.stderr
-    assert "Last lines of the job log" in proc.stderr and "injected failure" in proc.stderr
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Submitted run submit-fails" in proc.stdout
+    logs = re.search(r"Follow it with `([^`]+)`", proc.stdout).group(1)
+    assert logs.split()[-2:] == ["--address", ray_cluster.dashboard_url]
+    followed = subprocess.run(shlex.split(logs), cwd=REPO, env=ray_cluster.client_env(), capture_output=True,
+                              text=True, timeout=600)
+    assert followed.returncode == 1, followed.stdout[-3000:] + followed.stderr[-3000:]
+    assert "Run submit-fails: FAILED" in followed.stderr
+    assert "Last lines of the job log" in followed.stderr and "injected failure" in followed.stderr
 
 
 def test_a_missing_token_is_named_as_the_cause(ray_cluster):

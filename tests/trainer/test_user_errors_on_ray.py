@@ -26,7 +26,7 @@ def _cli(*argv: str, env: dict, timeout: float = 300) -> tuple[subprocess.Comple
 
 def test_more_workers_than_the_cluster_can_ever_have_is_an_error_not_a_wait(ray_cluster, demo_assets, trainer_cache,
                                                                              tmp_path):
-    cfg = runs.config(demo_assets, trainer_cache, str(tmp_path), "too-big", num_workers=20, global_batch_size=20,
+    cfg = runs.config(demo_assets, trainer_cache, str(tmp_path), "too-big", num_workers=20, global_batch_size=20, pool=None,
                       micro_batch_size=1)
     proc, seconds = _cli("train", "--address", ray_cluster.address, *runs.cli_flags(cfg), env=ray_cluster.client_env())
     print(f"train --num-workers 20 on 8 CPUs: exit {proc.returncode} after {seconds:.1f} s")
@@ -52,7 +52,7 @@ def test_a_user_error_on_the_workers_ends_the_run_at_once_whatever_max_failures_
 
 def test_a_submitted_job_that_finds_a_bad_input_exits_2_as_the_cli_does(ray_cluster, demo_assets, trainer_cache,
                                                                          tmp_path):
-    cfg = runs.config(demo_assets, trainer_cache, str(tmp_path), "too-big-job", num_workers=20, global_batch_size=20,
+    cfg = runs.config(demo_assets, trainer_cache, str(tmp_path), "too-big-job", num_workers=20, global_batch_size=20, pool=None,
                       micro_batch_size=1)
     proc, seconds = _cli("submit", "--address", ray_cluster.dashboard_url, *runs.cli_flags(cfg),
                          env=ray_cluster.client_env())

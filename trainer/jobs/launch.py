@@ -25,6 +25,7 @@ from trainer.loop.run import CHAT_TEMPLATE_KEY, train_func
 from trainer.model.build import check_architecture
 from trainer.model.errors import ModelSourceError
 from trainer.model.sources import check_weights, read_model_config, tokenizer_only
+from trainer.run_folder import checkpoint as ckpt
 from trainer.run_folder import resume
 from trainer.storage import Storage, location_problem
 
@@ -242,8 +243,12 @@ def train(cfg: TrainConfig, storage_filesystem: Any = None, *, check: bool = Tru
     if check:
         inputs = preflight(cfg, storage_filesystem)["inputs"]
     check_capacity(cfg.num_workers, cfg.use_gpu, cfg.pool)
+    run = Storage.from_uri(cfg.run_uri, fs=storage_filesystem)
     failures = 0
     while True:
+        note = ckpt.repair_ray_record(run)  # every attempt: Ray's controller reads the record at its start
+        if note:
+            print(f"note: {note}", file=sys.stderr, flush=True)
         try:
             return build_trainer(cfg, storage_filesystem, quiet=quiet, inputs=inputs).fit()
         except Exception as e:
@@ -255,8 +260,6 @@ def train(cfg: TrainConfig, storage_filesystem: Any = None, *, check: bool = Tru
             failures += 1
             print(f"attempt {failures} failed ({_failure_summary(e)}); restarting from the last complete checkpoint "
                   f"(retry {failures} of --max-failures {cfg.max_failures})", file=sys.stderr, flush=True)
-
-
 
 
 def storage_default(environ=None) -> dict[str, str] | None:

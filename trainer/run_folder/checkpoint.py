@@ -353,6 +353,42 @@ def _ray_tracked(storage: Storage) -> set[str] | None:
         return None
 
 
+def repair_ray_record(storage: Storage) -> str | None:
+    """Ray Train's checkpoint record set aside when it names a checkpoint that is not complete, or cannot be read.
+
+    Ray resumes from the newest checkpoint its record names and deletes the paths of those it
+    drops past --num-to-keep. When the newest is torn (an upload cut short), this trainer resumes
+    from an older one and saves the same step again, under the same name: Ray, still tracking the
+    torn one, would later delete the new folder as the old one's, then fail on the path it removed.
+    An unreadable record (a full disk leaves it empty) fails every resume inside Ray's controller.
+    Without it Ray starts afresh, the trainer resumes from its newest complete checkpoint, and
+    `prune` deletes what Ray no longer tracks. Returns the line to log, None when the record is fine.
+    """
+    if not storage.exists(RAY_SNAPSHOT):
+        return None
+    text = storage.read_bytes(RAY_SNAPSHOT)
+    try:
+        json.loads(text)
+    except ValueError:
+        why = f"cannot be read ({len(text)} bytes, not JSON)"
+    else:
+        torn = sorted(set(re.findall(rf"{PREFIX}\d{{8}}", text.decode(errors="replace"))) - set(complete_names(storage)))
+        if not torn:
+            return None
+        why = f"names {', '.join(torn)}, which {'is' if len(torn) == 1 else 'are'} not complete"
+    stamp = f"{RAY_SNAPSHOT}.set-aside-{time.strftime('%Y%m%dT%H%M%S')}"
+    aside = next(name for n in range(1000) if not storage.exists(name := f"{stamp}{f'-{n}' if n else ''}"))
+    storage.write_bytes(text, aside)
+    storage.delete_file(RAY_SNAPSHOT)
+    return (f"Ray Train's checkpoint record {storage.path(RAY_SNAPSHOT)} {why}: set aside as {aside}; the run "
+            f"resumes from its newest complete checkpoint")
+
+
+def complete_names(storage: Storage) -> list[str]:
+    """The checkpoint folders whose marker is there and whose files are all there at their size, oldest first."""
+    return [n for n in names(storage) if is_complete(storage, n)]
+
+
 def prune(storage: Storage, keep: int, newest: str) -> list[str]:
     """Delete checkpoint folders outside Ray's bookkeeping by Ray's keep-N rule; returns what was deleted.
 
