@@ -27,8 +27,8 @@ from trainer.storage import Storage
 
 from .conftest import LOCAL_POOL
 
-STEPS = 24
-EVERY = 4  # a checkpoint every 4 steps: an interruption after the first one still leaves 20 steps to go
+STEPS = 16
+EVERY = 4  # a checkpoint every 4 steps: an interruption after the first one still leaves 12 steps to go
 
 
 def config(assets: dict, cache: Path, storage_path: str, run_name: str, **changes) -> TrainConfig:

@@ -1,5 +1,5 @@
 """Fault tolerance on the session's real Ray cluster (2 CPU workers, gloo): a worker process
-SIGKILLed mid-run, and the driver stopped and the run resubmitted through `python -m trainer
+SIGKILLed mid-run, and a submitted run that failed, resubmitted through `python -m trainer
 submit` past a checkpoint left without its completion marker. Each run must end with the
 weights of an uninterrupted run, bit for bit (see reference_runs for why torch.equal)."""
 
@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -117,38 +119,42 @@ def _tear(run: Path, name: str) -> None:
     (run / name / "rng" / "rank_1.pt").unlink()
 
 
-def test_a_stopped_job_resubmitted_under_its_run_name_resumes_past_a_torn_checkpoint_with_identical_weights(
+def test_a_failed_job_resubmitted_under_its_run_name_resumes_past_a_torn_checkpoint_with_identical_weights(
         ray_cluster, reference, demo_assets, trainer_cache, tmp_path):
-    """The driver stopped (`trainer stop`), its newest checkpoint torn as an upload cut short leaves it: the
-    same `submit` again resumes from the newest checkpoint that is still complete, never the torn one that
-    Ray's own record names, and ends as the uninterrupted run."""
-    from ray.job_submission import JobStatus, JobSubmissionClient
+    """A submitted run fails mid-way (an exception in the workers at step FAIL_AT, after two checkpoints; no
+    retries). `submit --no-wait` printed the command that follows it: run as printed, it streams the job to its
+    end and exits 1 with the tail of the error. Its newest checkpoint is then torn, as an upload cut short
+    leaves it. The same `submit` again resumes from the newest checkpoint that is still complete, never the
+    torn one that Ray's own record names, and ends with the weights of the uninterrupted run."""
+    from ray.job_submission import JobStatus
 
-    name = "driver-loss"
-    cfg = runs.config(demo_assets, trainer_cache, str(tmp_path), name, max_failures=0)
+    name = "resubmitted"
+    fail_at = 2 * runs.EVERY + 2
+    cfg = runs.config(demo_assets, trainer_cache, str(tmp_path), name, max_failures=0, fail_at_step=fail_at)
     run = tmp_path / name
     submit = [sys.executable, "-m", "trainer", "submit", "--address", ray_cluster.dashboard_url, *runs.cli_flags(cfg)]
     env = ray_cluster.client_env()
 
     first = subprocess.run(submit + ["--no-wait"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert first.returncode == 0, first.stdout + first.stderr
-    runs.wait_for((run / ckpt.dir_name(2 * runs.EVERY) / ckpt.MARKER).is_file, 300, "the second checkpoint of the job")
-    # what `python -m trainer stop` calls; in-process, so the stop lands within the run's remaining seconds
-    assert JobSubmissionClient(ray_cluster.dashboard_url).stop_job(name)
-    runs.wait_for(lambda: _job_status(ray_cluster, name) == JobStatus.STOPPED, 60, "the job to be STOPPED")
-    runs.wait_for(lambda: not _alive_train_workers(ray_cluster.dashboard_url), 60,
-                  "the stopped job's workers to exit", interval=0.5)
+    assert f"Submitted run {name}" in first.stdout
+    logs = re.search(r"Follow it with `([^`]+)`", first.stdout).group(1)
+    assert logs.split()[-2:] == ["--address", ray_cluster.dashboard_url]
+    followed = subprocess.run(shlex.split(logs), cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert followed.returncode == 1, followed.stdout[-3000:] + followed.stderr[-3000:]
+    assert f"Run {name}: FAILED" in followed.stderr
+    assert "Last lines of the job log" in followed.stderr and "injected failure" in followed.stderr
     interrupted = runs.events(run)
-    assert "export" not in [e["event"] for e in interrupted], interrupted  # stopped before the end
+    assert "export" not in [e["event"] for e in interrupted], interrupted
     done = runs.complete_steps(run)
-    assert len(done) >= 2 and max(done) < runs.STEPS, done
-    torn, previous = ckpt.dir_name(max(done)), ckpt.dir_name(sorted(done)[-2])
+    assert sorted(done) == [runs.EVERY, 2 * runs.EVERY], done  # Ray keeps the newest two
+    torn, previous = ckpt.dir_name(2 * runs.EVERY), ckpt.dir_name(runs.EVERY)
     _tear(run, torn)
     assert ckpt.resume_point(Storage.from_uri(str(run))) == previous
 
     second = subprocess.run(submit, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    assert f"Run {name} was STOPPED: resubmitting" in second.stdout, second.stdout
+    assert f"Run {name} was FAILED: resubmitting" in second.stdout, second.stdout
     assert "previous attempt's log is left out" in second.stdout
     assert "(start 0)" not in second.stdout, second.stdout  # the first attempt's log is not streamed as new
     # Ray's own record still names the torn one: set aside (else Ray would delete the step saved again)
@@ -157,12 +163,9 @@ def test_a_stopped_job_resubmitted_under_its_run_name_resumes_past_a_torn_checkp
 
     resumed = runs.events(run)[len(interrupted):]
     assert resumed[0]["event"] == "resume", resumed
-    assert resumed[0]["step"] == sorted(done)[-2] and resumed[0]["checkpoint"].endswith(previous), resumed[0]
-    assert [e["event"] for e in resumed][-1] == "export"
-    store = Storage.from_uri(str(run))
-    assert ckpt.is_complete(store, ckpt.dir_name(runs.STEPS))
-    # the torn step was trained again and saved over the leftover, then pruned as Ray keeps the last two
-    assert torn not in ckpt.names(run) or ckpt.is_complete(store, torn)
+    assert resumed[0]["step"] == runs.EVERY and resumed[0]["checkpoint"].endswith(previous), resumed[0]
+    assert [e["event"] for e in resumed][-1] == "export"  # --fail-at-step fails a first attempt only
+    assert ckpt.is_complete(Storage.from_uri(str(run)), ckpt.dir_name(runs.STEPS))
     runs.assert_same_training(run, reference)
 
 

@@ -123,23 +123,6 @@ def test_status_and_logs_of_a_finished_run(ray_cluster, succeeded):
     assert missing.returncode == 2 and "no run named 'no-such-run'" in missing.stderr
 
 
-def test_a_failing_job_submitted_without_waiting_is_followed_as_printed_to_its_error(ray_cluster, job_args):
-    """`--no-wait` returns once the job is in, printing the command that follows it; that command, run as
-    printed, streams the job to its end and exits as the job did: 1, with the tail of the job's error."""
-    _, args = job_args
-    proc = cli("submit", "--address", ray_cluster.dashboard_url, "--run-name", "submit-fails", "--no-wait",
-               "--fail-at-step", "2", "--max-failures", "0", *args, env=ray_cluster.client_env())
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "Submitted run submit-fails" in proc.stdout
-    logs = re.search(r"Follow it with `([^`]+)`", proc.stdout).group(1)
-    assert logs.split()[-2:] == ["--address", ray_cluster.dashboard_url]
-    followed = subprocess.run(shlex.split(logs), cwd=REPO, env=ray_cluster.client_env(), capture_output=True,
-                              text=True, timeout=600)
-    assert followed.returncode == 1, followed.stdout[-3000:] + followed.stderr[-3000:]
-    assert "Run submit-fails: FAILED" in followed.stderr
-    assert "Last lines of the job log" in followed.stderr and "injected failure" in followed.stderr
-
-
 def test_a_missing_token_is_named_as_the_cause(ray_cluster):
     proc = cli("status", "submit-ok", "--address", ray_cluster.dashboard_url, env=without_token(ray_cluster.client_env()))
     assert proc.returncode == 2

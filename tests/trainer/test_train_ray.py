@@ -1,12 +1,14 @@
-"""End to end on the session's real Ray cluster (CPU, gloo): the demo CLI, worker-count invariance,
-failure + resume, and the Hugging Face export."""
+"""End to end on real Ray clusters (CPU, gloo): the demo CLI on a cluster of its own, worker-count invariance,
+failure + resume on the session's cluster, and the Hugging Face export."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -43,14 +45,29 @@ def _config(out: Path, workers: int):
 
 @pytest.fixture(scope="module")
 def demo_run(ray_cluster, trainer_cache, tmp_path_factory):
-    """`python -m trainer local` with 2 workers against the session cluster: the reference run."""
+    """`python -m trainer local` with 2 workers: the reference run of this file.
+
+    RAY_ADDRESS and the address file `ray start` leaves (RAY_TMPDIR/ray_current_cluster) both name the
+    session's running cluster, as on a machine where one runs already: the demo must keep to a cluster
+    of its own, Ray Train's placement-group cleaner included (asking the other cluster, it would find no
+    controller there and give up, or remove the run's group).
+    """
     out = tmp_path_factory.mktemp("runs") / "two-workers"
-    proc = subprocess.run(
-        [sys.executable, "-m", "trainer", "local", "--workers", "2", "--max-failures", "0",
-         "--address", ray_cluster.address, "--out", str(out)] + COMMON,
-        cwd=REPO, env=ray_cluster.client_env(), capture_output=True, text=True, timeout=600)
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rt-", dir="/tmp"))  # short: Ray's socket paths must fit
+    (ray_tmp / "ray_current_cluster").write_text(ray_cluster.address)
+    env = {**ray_cluster.client_env(), "RAY_ADDRESS": ray_cluster.address, "RAY_TMPDIR": str(ray_tmp)}
+    proc = subprocess.run([sys.executable, "-m", "trainer", "local", "--workers", "2", "--max-failures", "0",
+                           "--out", str(out)] + COMMON, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    shutil.rmtree(ray_tmp, ignore_errors=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return out, proc.stdout + proc.stderr  # worker logs (the progress bar) arrive on stderr
+
+
+def test_local_keeps_to_its_own_cluster_when_another_one_is_named_everywhere(demo_run):
+    _, output = demo_run
+    assert "training on a local Ray cluster of its own" in output
+    assert "num_cpus and num_gpus must not be provided" not in output
+    assert "Found multiple active Ray instances" not in output and "with cleaner" not in output, output[-3000:]
 
 
 def test_local_demo_trains_checkpoints_exports_and_reports(demo_run):

@@ -39,7 +39,7 @@ def test_more_workers_than_the_cluster_can_ever_have_is_an_error_not_a_wait(ray_
 def test_a_user_error_on_the_workers_ends_the_run_at_once_whatever_max_failures_says(ray_cluster, demo_assets,
                                                                                      trainer_cache, tmp_path):
     # a learning rate no model survives: the loss is NaN after the first update, on every attempt alike
-    cfg = runs.config(demo_assets, trainer_cache, str(tmp_path), "diverges", lr=1e30, log_every=1, max_failures=2,
+    cfg = runs.config(demo_assets, trainer_cache, str(tmp_path), "diverges", lr=1e30, log_every=1, max_failures=2, num_workers=1,
                       steps=6, checkpoint_every=0, export=False)
     proc, seconds = _cli("train", "--address", ray_cluster.address, *runs.cli_flags(cfg), env=ray_cluster.client_env())
     print(f"train --lr 1e30 --max-failures 2: exit {proc.returncode} after {seconds:.1f} s")
@@ -71,8 +71,8 @@ def test_a_finished_run_pointed_at_new_data_or_settings_is_refused_listing_what_
     cfg = runs.config(demo_assets, trainer_cache, str(tmp_path), "finished")
     base = [*runs.cli_flags(cfg), "--address", ray_cluster.address]
     for change, needles in ((["--dataset", str(data)], ["--dataset: ", "the dataset's content changed"]),
-                            (["--lr", "0.001", "--steps", "48"], ["--lr: 0.003 then, 0.001 now",
-                                                                  "--steps: 24 then, 48 now"])):
+                            (["--lr", "0.001", "--steps", str(2 * runs.STEPS)],
+                             ["--lr: 0.003 then, 0.001 now", f"--steps: {runs.STEPS} then, {2 * runs.STEPS} now"])):
         proc, seconds = _cli("train", *base, *change, env=ray_cluster.client_env())
         print(f"finished run, {' '.join(change)}: exit {proc.returncode} after {seconds:.1f} s")
         assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]

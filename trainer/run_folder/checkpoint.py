@@ -148,7 +148,7 @@ def _pickled_globals(path: Path, allowed: list) -> str:
     except Exception as e:  # noqa: BLE001 - only the message's detail: the file is refused either way
         return f"something unreadable ({type(e).__name__})"
     allowed_names = {f"{g.__module__}.{g.__qualname__}" for g in allowed}
-    return ", ".join(g for g in found if g not in allowed_names) or "objects weights_only=True does not load"
+    return ", ".join(sorted(g for g in found if g not in allowed_names)) or "objects weights_only=True does not load"
 
 
 def _sharded_state(model, optimizer) -> dict:
