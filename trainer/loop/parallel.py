@@ -40,8 +40,8 @@ def instance_network(instance_type: str) -> dict[str, Any]:
 
 
 def comm_estimate(params: int, *, nodes: int, gpus_per_node: int, network_gbps: float,
-                  intra_node_gbytes_per_s: float, micro_batches: int, param_bytes: int = 2,
-                  grad_bytes: int = 4) -> dict[str, dict[str, float]]:
+                  intra_node_gbytes_per_s: float, micro_batches: int, param_bytes: float = 2,
+                  grad_bytes: float = 4) -> dict[str, dict[str, float]]:
     """Seconds of communication per optimizer step for full and hybrid sharding (ring model).
 
     Every micro-batch all-gathers the parameters twice (forward, backward) and
@@ -112,12 +112,14 @@ class ShardingPlan:
 
 def plan_sharding(sharding: str, world_size: int, hosts: list[str], *, shard_size: int = 0,
                   instance_type: str | None = None, micro_batches: int = 1, params: int | None = None,
-                  param_bytes: int = 2) -> ShardingPlan:
+                  param_bytes: float = 2, grad_bytes: float = 4, node_fits: str | None = None) -> ShardingPlan:
     """Full sharding over every rank, or hybrid: shard inside a node, replicate across nodes.
 
     `hosts` is every rank's hostname (node count and ranks per node); `shard_size`
-    overrides the ranks per shard group. `auto` takes hybrid when the communication
-    estimate for the instance type favours it, and hybrid on several nodes of an unknown
+    overrides the ranks per shard group. `auto` takes hybrid only when the model, its
+    gradients, optimizer state and activations fit in one shard group (`node_fits`: None when
+    they do or nothing is known, else why not, from trainer.model.footprint) and then when the
+    communication estimate for the instance type favours it, or on several nodes of an unknown
     type (only the gradient all-reduce then crosses the slower network).
     """
     if sharding not in ("auto", "full", "hybrid"):
@@ -127,9 +129,12 @@ def plan_sharding(sharding: str, world_size: int, hosts: list[str], *, shard_siz
     even = len(set(per_host.values())) == 1
     ranks_per_node = world_size // nodes if even else 0
     group = _shard_group(sharding, world_size, per_host, shard_size, ranks_per_node if even else None)
-    if sharding == "auto":
+    if sharding == "auto" and node_fits and nodes > 1 and not shard_size:
+        kind, reason = "full", f"hybrid sharding would not fit: {node_fits}"
+    elif sharding == "auto":
         kind, reason = _auto_sharding(nodes, group, shard_size=shard_size, instance_type=instance_type,
-                                      micro_batches=micro_batches, params=params, param_bytes=param_bytes)
+                                      micro_batches=micro_batches, params=params, param_bytes=param_bytes,
+                                      grad_bytes=grad_bytes)
     else:
         kind, reason = sharding, f"--sharding {sharding}"
     if kind == "hybrid" and world_size // group == 1:
@@ -156,7 +161,7 @@ def _shard_group(sharding: str, world_size: int, per_host: Counter, shard_size: 
 
 
 def _auto_sharding(nodes: int, group: int, *, shard_size: int, instance_type: str | None, micro_batches: int,
-                   params: int | None, param_bytes: int) -> tuple[str, str]:
+                   params: int | None, param_bytes: float, grad_bytes: float) -> tuple[str, str]:
     """What `auto` picks, and why: the communication estimate decides on several nodes of a known type."""
     if shard_size:
         return "hybrid", f"--shard-size {shard_size}"
@@ -167,7 +172,7 @@ def _auto_sharding(nodes: int, group: int, *, shard_size: int, instance_type: st
     net = instance_network(instance_type)
     est = comm_estimate(params or 10**9, nodes=nodes, gpus_per_node=group, network_gbps=net["network_gbps"],
                         intra_node_gbytes_per_s=net["intra_node_gbytes_per_s"],
-                        micro_batches=micro_batches, param_bytes=param_bytes)
+                        micro_batches=micro_batches, param_bytes=param_bytes, grad_bytes=grad_bytes)
     kind = choose_sharding(est, nodes)
     reason = format_estimate(est, nodes=nodes, gpus_per_node=group, instance_type=instance_type,
                              network_gbps=net["network_gbps"], chosen=kind)
