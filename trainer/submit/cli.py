@@ -114,7 +114,7 @@ def plan_main(argv: list[str]) -> int:
     if args.stack and (args.instance_type or args.nodes):
         raise plan.PlanError("--stack and --instance-type/--nodes: give one of them (the stack names both)")
     if not args.stack:
-        if not args.instance_type or not args.nodes:
+        if not args.instance_type or args.nodes is None:
             raise plan.PlanError("--instance-type and --nodes are both required, or --stack NAME")
         return plan.run(args, plan.Target(args.instance_type, args.nodes))
     with stack_target(args.stack) as (_, outputs):
