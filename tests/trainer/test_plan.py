@@ -219,3 +219,17 @@ def test_bad_plan_inputs_are_user_errors(argv, message, capsys):
 
     assert trainer(["plan", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_workers_weigh_a_node_s_memory_before_hybrid_sharding():
+    from trainer.config.flags import TrainConfig
+    from trainer.loop.parallel import node_memory_problem
+
+    cfg = TrainConfig(model="m", dataset="d", device="gpu", num_workers=8, instance_type="g6.12xlarge",
+                      global_batch_size=8)
+    hosts = ["a"] * 4 + ["b"] * 4
+    why = node_memory_problem(cfg, plan.shape_config("llama-3.1-8b"), 8, hosts)
+    # 16 B x 8.03B / 4 GPUs is 29.9 GiB of states alone, before activations and buffers
+    assert float(why.split()[0]) > 29.9 and "over one node's 4 GPUs, 20.12 GiB usable" in why
+    assert node_memory_problem(cfg, _tiny("qwen2-tied"), 8, hosts) is None
+    assert node_memory_problem(cfg, plan.shape_config("llama-3.1-8b"), 8, ["a"] * 8) is None  # one node: no hybrid

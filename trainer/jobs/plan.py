@@ -24,7 +24,7 @@ from trainer.loop.parallel import comm_estimate, instance_network, plan_sharding
 from trainer.model import footprint as fp
 from trainer.model.flops import model_shape
 
-BUDGET = 0.9         # of a GPU's memory: what the micro-batch probe allows itself too (trainer.loop.memory)
+BUDGET = fp.BUDGET   # of a GPU's memory: what the micro-batch probe allows itself too (trainer.loop.memory)
 ASSUMED_MFU = 0.4    # of the catalog's dense bf16 peak; the H200 measured 46-58 % for the full fine-tune
 GIB = fp.GIB
 
@@ -80,7 +80,7 @@ class Target:
 
     @property
     def budget_bytes(self) -> float:
-        return self.row.gpu_memory_mib * 2 ** 20 * BUDGET
+        return fp.budget_bytes(self.row.gpu_memory_mib)
 
     def check(self) -> None:
         if self.instance_type not in GPU_TYPES:
@@ -120,9 +120,7 @@ def _entry(config: Any, census: fp.Census, method: str, target: Target, *, seq_l
     ac = checkpointing if checkpointing is not None else plain.peak_bytes > budget
     chosen = ckpt if ac else plain
     node = at(row.gpus, ac)
-    node_fits = None if node.peak_bytes <= budget else (
-        f"{node.peak_bytes / GIB:.2f} GiB per GPU sharded over one node's {row.gpus} GPUs, "
-        f"{budget / GIB:.2f} GiB usable")
+    node_fits = fp.node_problem(census, method, row.gpus, row.gpu_memory_mib, activation_checkpointing=ac, **kw)
     base = census.total
     micro_batches = max(global_batch // (gpus * micro_batch), 1)
     gather_bytes = (sum(fp.stored_bytes(p, method, None) for p in census.params) / base) if base else 2

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from trainer import efa
 from trainer.config.flags import ConfigError, TrainConfig
+from trainer.model import footprint
 from trainer.model.flops import parameter_count
 from trainer.model.sources import read_model_config
 
@@ -224,6 +225,23 @@ class WorkerEnv:
     collectives: Collectives = ONE_PROCESS
 
 
+def node_memory_problem(cfg: TrainConfig, model_config: Any, world_size: int, hosts: list) -> str | None:
+    """Why one node's GPUs cannot hold a replica of this GPU run (trainer.model.footprint), or None.
+
+    The run as configured: its sequence length and micro-batch (1 with auto, which also turns
+    activation checkpointing on where needed, so it is counted on then)."""
+    from facts.catalog import GPU_TYPES
+
+    nodes = len(set(hosts))
+    if not cfg.use_gpu or cfg.instance_type not in GPU_TYPES or nodes < 2 or world_size % nodes:
+        return None
+    auto = cfg.micro_batch_auto
+    return footprint.node_problem(footprint.census(model_config), "full", world_size // nodes,
+                                  GPU_TYPES[cfg.instance_type].gpu_memory_mib, seq_len=cfg.seq_len,
+                                  micro_batch=1 if auto else int(cfg.micro_batch_size),
+                                  activation_checkpointing=auto or cfg.activation_checkpointing)
+
+
 def setup_parallel(cfg: TrainConfig, rank: int, world_size: int, local_rank: int,
                    device: torch.device | None = None) -> WorkerEnv:
     """Device and FSDP mesh over the process group Ray Train created (NCCL on GPU, gloo on CPU).
@@ -246,10 +264,12 @@ def setup_parallel(cfg: TrainConfig, rank: int, world_size: int, local_rank: int
         dist.all_gather_object(hosts, socket.gethostname())
     else:
         hosts = [socket.gethostname()] * world_size
-    params = None
-    if cfg.instance_type:  # only the communication estimate needs the model's size
+    params = node_fits = None
+    if cfg.instance_type:  # only the communication estimate and the memory of a node's shard group need the model
         try:
-            params = parameter_count(read_model_config(cfg.model))
+            model_config = read_model_config(cfg.model)
+            params = parameter_count(model_config)
+            node_fits = node_memory_problem(cfg, model_config, world_size, hosts)
         except Exception:  # noqa: BLE001 - the estimate is then per 1B parameters
             pass
     # With --micro-batch-size auto the micro-batch is chosen only after the model is sharded, so the
@@ -259,7 +279,7 @@ def setup_parallel(cfg: TrainConfig, rank: int, world_size: int, local_rank: int
     try:
         plan = plan_sharding(cfg.sharding, world_size, hosts, shard_size=cfg.shard_size,
                              instance_type=cfg.instance_type, micro_batches=micro_batches, params=params,
-                             param_bytes=2 if cfg.use_gpu else 4)
+                             param_bytes=2 if cfg.use_gpu else 4, node_fits=node_fits)
     except ValueError as e:  # the workers' placement does not fit the sharding asked for: a user error
         raise ConfigError([f"--sharding {cfg.sharding} / --shard-size {cfg.shard_size}: {e}"]) from None
     mesh = init_device_mesh(device.type, plan.mesh_shape, mesh_dim_names=plan.mesh_dim_names)

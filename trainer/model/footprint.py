@@ -35,6 +35,7 @@ ADAM_BYTES = 8           # AdamW's two fp32 moments
 NF4_BLOCK = 64           # torchao to_nf4 defaults: weights per int8 scale
 NF4_SCALER_BLOCK = 256   # scales per fp32 quantization factor
 DEFAULT_LORA_RANK = 16   # peft's LoraConfig.r is 8; TRL's ModelConfig.lora_r is 16
+BUDGET = 0.9             # of a GPU's memory a plan may fill: what the micro-batch probe allows itself (trainer.loop.memory)
 GIB = 2 ** 30
 
 
@@ -225,3 +226,18 @@ def footprint(c: Census, method: str, ranks: int, *, seq_len: int, micro_batch: 
     return Footprint(method, ranks, activation_checkpointing, sum(p.numel for p in trained), float(params),
                      float(trained_shard * REDUCE_BYTES),
                      float(trained_shard * ADAM_BYTES), float(acts), float(largest - acts))
+
+
+def budget_bytes(gpu_memory_mib: int) -> float:
+    """What a plan may fill of one GPU (BUDGET of the memory EC2 reports)."""
+    return gpu_memory_mib * 2 ** 20 * BUDGET
+
+
+def node_problem(c: Census, method: str, ranks_per_node: int, gpu_memory_mib: int, **kw: Any) -> str | None:
+    """Why one node's shard group cannot hold the run (hybrid sharding's replica), or None when it can."""
+    f = footprint(c, method, ranks_per_node, **kw)
+    budget = budget_bytes(gpu_memory_mib)
+    if f.peak_bytes <= budget:
+        return None
+    return (f"{f.peak_bytes / GIB:.2f} GiB per GPU sharded over one node's {ranks_per_node} GPUs, "
+            f"{budget / GIB:.2f} GiB usable")
