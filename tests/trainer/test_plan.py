@@ -233,3 +233,17 @@ def test_the_workers_weigh_a_node_s_memory_before_hybrid_sharding():
     assert float(why.split()[0]) > 29.9 and "over one node's 4 GPUs, 20.12 GiB usable" in why
     assert node_memory_problem(cfg, _tiny("qwen2-tied"), 8, hosts) is None
     assert node_memory_problem(cfg, plan.shape_config("llama-3.1-8b"), 8, ["a"] * 8) is None  # one node: no hybrid
+
+
+DOC_TARGETS = [(name, t, n) for t, n in (("g6.12xlarge", 2), ("p5.48xlarge", 1)) for name in plan.SHAPES]
+
+
+@pytest.mark.parametrize(("name", "instance_type", "nodes"), DOC_TARGETS)
+def test_the_tables_of_docs_larger_models_are_the_plan_s_output(name, instance_type, nodes):
+    from tests.test_readme import generated_table
+
+    marker = (f"<!-- plan table: python -m trainer plan --model-shape {name} --instance-type {instance_type} "
+              f"--nodes {nodes} -->\n")
+    shown = generated_table("larger-models.md", marker)
+    assert shown == plan.markdown(plan.make_plan(plan.shape_config(name), plan.Target(instance_type, nodes))), \
+        f"run `{marker[5:-5]}` and paste its table under the marker"
