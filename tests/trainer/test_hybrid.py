@@ -221,6 +221,8 @@ def test_running_out_of_gpu_memory_in_the_probe_turns_checkpointing_on_then_is_a
     assert probed[0] is False and probed[1:] and all(probed[1:])
     assert fit["fits"] and fit["activation_checkpointing"] and fit["micro_batch_size"] >= 1
     assert "one sequence needs" in fit["activation_checkpointing_reason"]
+    # the start event records the plan's prediction for this rank beside the measured peaks of metrics.jsonl
+    assert fit["plan"]["activation_checkpointing"] and fit["plan"]["gib_per_gpu"] > fit["plan"]["states_gib"] > 0
 
     model.gradient_checkpointing_disable()
     with pytest.raises(memory.MemoryFitError) as e:

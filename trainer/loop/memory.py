@@ -156,16 +156,26 @@ def fit_with_checkpointing(choose: Callable[[], dict], enable: Callable[[], None
     return fit
 
 
-def plan_note(cfg: TrainConfig, model: torch.nn.Module, env: WorkerEnv) -> str:
-    """What the memory plan (trainer.model.footprint) predicts for this rank, for the error that it did not fit."""
+def planned(cfg: TrainConfig, model: torch.nn.Module, env: WorkerEnv, micro_batch: int = 1,
+            checkpointed: bool = True) -> dict | None:
+    """What the memory plan (trainer.model.footprint) predicts for this rank: recorded beside the measured peak."""
     try:
         ranks = env.local_world_size if env.collectives.replicated else env.world_size
         f = footprint.footprint(footprint.census(model.config), "full", ranks, seq_len=cfg.seq_len,
-                                activation_checkpointing=True)
+                                micro_batch=micro_batch, activation_checkpointing=checkpointed)
     except Exception:  # noqa: BLE001 - an architecture the plan cannot read: the measured numbers alone
+        return None
+    return {"gib_per_gpu": round(f.peak_bytes / footprint.GIB, 3), "states_gib": round(f.states_bytes / footprint.GIB, 3),
+            "activation_checkpointing": checkpointed, "micro_batch_size": micro_batch, "ranks": ranks}
+
+
+def plan_note(cfg: TrainConfig, model: torch.nn.Module, env: WorkerEnv) -> str:
+    """The plan's prediction, for the error that one sequence did not fit."""
+    p = planned(cfg, model, env)
+    if p is None:
         return ""
-    return (f"; the plan predicts {f.peak_bytes / footprint.GIB:.2f} GiB per GPU with checkpointing "
-            f"({f.states_bytes / footprint.GIB:.2f} GiB of parameters, gradients and optimizer states)")
+    return (f"; the plan predicts {p['gib_per_gpu']:.2f} GiB per GPU with checkpointing "
+            f"({p['states_gib']:.2f} GiB of parameters, gradients and optimizer states)")
 
 
 def resolve_micro_batch(cfg: TrainConfig, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -178,7 +188,11 @@ def resolve_micro_batch(cfg: TrainConfig, model: torch.nn.Module, optimizer: tor
     fits, activation checkpointing is turned on (memory forces it) and the fit found again.
     """
     if not cfg.micro_batch_auto:
-        return {"micro_batch_size": int(cfg.micro_batch_size), "source": "configured"}
+        fit = {"micro_batch_size": int(cfg.micro_batch_size), "source": "configured"}
+        if env.device.type == "cuda":  # the start event keeps the plan's prediction beside the measured peaks
+            fit["plan"] = planned(cfg, model, env, fit["micro_batch_size"],
+                                  bool(getattr(model, "is_gradient_checkpointing", False)))
+        return fit
 
     def choose() -> dict:
         fit = choose_micro_batch(model, optimizer, rows=cfg.global_batch_size // env.world_size,
@@ -188,6 +202,8 @@ def resolve_micro_batch(cfg: TrainConfig, model: torch.nn.Module, optimizer: tor
 
     fit = fit_with_checkpointing(choose, lambda: enable_activation_checkpointing(model), seq_len=cfg.seq_len,
                                  plan=lambda: plan_note(cfg, model, env))
+    if env.device.type == "cuda":  # the start event keeps the plan's prediction beside the measured peaks
+        fit["plan"] = planned(cfg, model, env, fit["micro_batch_size"], fit["activation_checkpointing"])
     if fit.get("activation_checkpointing_reason") and env.rank == 0:
         log.warning("activation checkpointing turned on: %s", fit["activation_checkpointing_reason"])
     if env.rank == 0:
