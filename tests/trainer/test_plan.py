@@ -247,3 +247,31 @@ def test_the_tables_of_docs_larger_models_are_the_plan_s_output(name, instance_t
     shown = generated_table("larger-models.md", marker)
     assert shown == plan.markdown(plan.make_plan(plan.shape_config(name), plan.Target(instance_type, nodes))), \
         f"run `{marker[5:-5]}` and paste its table under the marker"
+
+
+def test_plan_on_a_stack_reads_its_gpu_pool_from_the_stack_outputs(tmp_path, monkeypatch, capsys):
+    """`--stack`: the pool's instance type and node count from `pulumi stack output` (a stand-in pulumi on PATH)."""
+    import os
+    import sys
+
+    from trainer.__main__ import main as trainer
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "pulumi"
+    fake.write_text(f"#!{sys.executable}\nimport json, sys\nopen({str(tmp_path / 'calls')!r}, 'a').write("
+                    f"json.dumps(sys.argv[1:]) + '\\n')\nprint(open({str(tmp_path / 'outputs.json')!r}).read())\n")
+    fake.chmod(0o755)
+    (tmp_path / "outputs.json").write_text(json.dumps({
+        "rayNamespace": "ray", "rayHeadService": "raytrain-head-svc", "kubeconfig": '{"apiVersion": "v1"}',
+        "gpuNodeType": "p5.48xlarge", "gpuNodeCount": 2}))
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    assert trainer(["plan", "--model-shape", "llama-3.1-70b", "--stack", "dev", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["instance_type"], out["nodes"], out["gpus"]) == ("p5.48xlarge", 2, 16)
+    assert json.loads((tmp_path / "calls").read_text()) == ["stack", "output", "--json", "--show-secrets", "--stack",
+                                                            "dev"]
+    (tmp_path / "outputs.json").write_text(json.dumps({"rayNamespace": "ray", "rayHeadService": "svc",
+                                                       "kubeconfig": "{}"}))
+    assert trainer(["plan", "--model-shape", "llama-3.1-70b", "--stack", "dev"]) == 2
+    assert "no GPU node pool" in capsys.readouterr().err
