@@ -128,7 +128,8 @@ def test_the_reference_shapes_match_the_written_out_arithmetic(name):
     assert lora.params_bytes == 2 * a["params"] / n + 4 * a["adapters"] / n
     assert (lora.grads_bytes, lora.optimizer_bytes) == (4 * a["adapters"] / n, 8 * a["adapters"] / n)
     qlora = fp.footprint(census, "qlora", n, seq_len=2048)
-    nf4 = a["linear"] / n * (1 / 2 + 1 / 64 + 4 / (64 * 256))  # 4-bit codes, int8 scale per 64, fp32 per 256 scales
+    # 4-bit codes, an int8 scale per 64, a bf16 factor per 256 scales; per linear a bf16 mean and 16 bf16 codes
+    nf4 = a["linear"] / n * (1 / 2 + 1 / 64 + 2 / (64 * 256)) + len(census.linears()) * (2 + 32)
     assert qlora.params_bytes == pytest.approx(nf4 + 2 * (a["params"] - a["linear"]) / n + 4 * a["adapters"] / n,
                                                rel=1e-12)
     ckpt = fp.footprint(census, "full", n, seq_len=2048, activation_checkpointing=True)
@@ -275,3 +276,30 @@ def test_plan_on_a_stack_reads_its_gpu_pool_from_the_stack_outputs(tmp_path, mon
                                                        "kubeconfig": "{}"}))
     assert trainer(["plan", "--model-shape", "llama-3.1-70b", "--stack", "dev"]) == 2
     assert "no GPU node pool" in capsys.readouterr().err
+
+
+def test_nf4_bytes_per_rank_are_torchao_s_own_sharded_by_fsdp2():
+    """QLoRA's base: torchao's NF4 tensor as a frozen weight, sharded by FSDP2 (fake process group, 4 ranks)."""
+    pytest.importorskip("torchao")
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import NF4Tensor, to_nf4
+
+    def nbytes(t) -> int:
+        return sum(getattr(t, name).nbytes for name in t.__tensor_flatten__()[0])
+
+    weight = torch.randn(512, 1024, dtype=torch.bfloat16)
+    assert nbytes(to_nf4(weight)) == fp.nf4_bytes(weight.numel())
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+    try:
+        linear = nn.Linear(1024, 512, bias=False)
+        linear.weight = nn.Parameter(to_nf4(weight), requires_grad=False)
+        fully_shard(linear)
+        local = linear.weight.to_local()
+        assert isinstance(local, NF4Tensor)
+        param = fp.Param(512, 1024, 0, True, "q_proj")
+        assert nbytes(local) == fp.stored_bytes(param, "qlora", 4) == fp.nf4_bytes(512 * 1024 // 4)
+    finally:
+        dist.destroy_process_group()

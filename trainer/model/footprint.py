@@ -9,7 +9,7 @@ parameter, by method (bf16 compute, fp32 gradient reduction, AdamW):
 - lora: the frozen base in bf16 (2 B), the adapters (peft's A: rank x in, B: out x rank on each
   targeted linear of the decoder layers) at 16 B;
 - qlora: the decoder layers' linear weights in torchao's NF4 layout (4 bits, an int8 scale per 64
-  weights, an fp32 factor per 256 scales: ~0.516 B), everything else of the base in bf16, adapters as lora.
+  weights, a bf16 factor per 256 scales: ~0.516 B), everything else of the base in bf16, adapters as lora.
 
 Activations and the transient buffers are an estimate (nothing allocates them before a step): the
 largest of four moments of a step (end of forward, the loss, a layer's backward, the embedding's
@@ -33,7 +33,8 @@ MASTER_BYTES = 4         # fp32 trained weights
 REDUCE_BYTES = 4         # fp32 gradients (MixedPrecisionPolicy.reduce_dtype)
 ADAM_BYTES = 8           # AdamW's two fp32 moments
 NF4_BLOCK = 64           # torchao to_nf4 defaults: weights per int8 scale
-NF4_SCALER_BLOCK = 256   # scales per fp32 quantization factor
+NF4_SCALER_BLOCK = 256   # scales per bf16 quantization factor
+NF4_PER_TENSOR = 2 + 16 * 2  # bf16 scaler mean, the 16 bf16 NF4 code values: on every rank, whole
 DEFAULT_LORA_RANK = 16   # peft's LoraConfig.r is 8; TRL's ModelConfig.lora_r is 16
 BUDGET = 0.9             # of a GPU's memory a plan may fill: what the micro-batch probe allows itself (trainer.loop.memory)
 GIB = 2 ** 30
@@ -45,8 +46,9 @@ def shard_rows(rows: int, ranks: int) -> int:
 
 
 def nf4_bytes(numel: int) -> float:
-    """Bytes of a weight in torchao's NF4 layout: packed 4-bit codes, int8 block scales, fp32 scale factors."""
-    return numel / 2 + numel / NF4_BLOCK + 4 * numel / (NF4_BLOCK * NF4_SCALER_BLOCK)
+    """Bytes of a bf16 weight (or a rank's shard of it) in torchao's NF4 layout: packed 4-bit codes, an int8
+    scale per block, a bf16 factor per block of scales, and per tensor a bf16 mean and the 16 bf16 code values."""
+    return numel / 2 + numel / NF4_BLOCK + 2 * numel / (NF4_BLOCK * NF4_SCALER_BLOCK) + NF4_PER_TENSOR
 
 
 @dataclass(frozen=True)
