@@ -34,6 +34,8 @@ COMMANDS: dict[str, Command] = {
     "nccl-bench": Command("trainer.submit.cli", "bench_main", "all-reduce bandwidth across every worker, as a Ray job"),
     "bench": Command("trainer.bench", "main", "throughput benchmarks: the step against transformers' Trainer, "
                                               "padding, communication, Ray against torchrun"),
+    "plan": Command("trainer.submit.cli", "plan_main", "memory per GPU, sharding, tokens/s and cost of each method "
+                                                       "(full, lora, qlora) on a target, before the GPU hour"),
     "flags": Command("trainer.config.flags", "main", "print the table of training flags (docs/training.md)"),
     "nccl-bench-job": Command("trainer.efa.nccl_bench", "main", "the nccl-bench job on the cluster", listed=False),
 }

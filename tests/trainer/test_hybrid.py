@@ -188,28 +188,46 @@ def test_the_two_sequence_probe_runs_only_when_it_is_safe_on_every_rank():
     assert calls == [1]
 
 
-def test_running_out_of_gpu_memory_in_the_probe_names_the_fixes(monkeypatch):
+def test_running_out_of_gpu_memory_in_the_probe_turns_checkpointing_on_then_is_a_user_error(monkeypatch):
+    """The probe's out-of-memory is what `fits: false` means: checkpointing on and probe again; still out of
+    memory, a MemoryFitError (a UserError: Ray's driver raises it at once, no retry) with the numbers."""
     from transformers import AutoModelForCausalLM
 
+    from facts.errors import UserError
     from trainer import demo
+    from trainer.config.flags import TrainConfig
     from trainer.loop import memory
+    from trainer.loop.parallel import WorkerEnv
 
     model = AutoModelForCausalLM.from_config(demo.model_config())
     opt = torch.optim.AdamW(model.parameters())
+    probed = []
 
-    def out_of_memory(*args, **kwargs):
-        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    def peak(model, rows, seq_len, device, impl):  # one sequence: 2 GiB with checkpointing, out of memory without
+        probed.append(bool(model.is_gradient_checkpointing))
+        if not model.is_gradient_checkpointing or seq_len > 4096:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return rows * 2.0 * 2**30
 
-    # The CUDA calls a GPU would answer; the probe pass itself runs out of memory.
+    # The CUDA calls a GPU would answer; the probe pass itself is `peak`.
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (20 * 2**30, 24 * 2**30))
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 0)
-    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)
-    monkeypatch.setattr(memory, "probe_peak", out_of_memory)
-    with pytest.raises(MemoryError) as e:
-        memory.choose_micro_batch(model, opt, rows=8, seq_len=8192, device=torch.device("cuda", 0), collectives=ONE_PROCESS,
-                                  loss="chunked")
+    for name in ("memory_reserved", "memory_allocated"):
+        monkeypatch.setattr(torch.cuda, name, lambda device=None: 0)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(memory, "probe_peak", peak)
+    env = WorkerEnv(0, 1, 0, torch.device("cuda", 0), None)
+    cfg = TrainConfig(model="m", dataset="d", seq_len=2048, global_batch_size=8, num_workers=1, device="gpu")
+    fit = memory.resolve_micro_batch(cfg, model, opt, env)
+    assert probed[0] is False and probed[1:] and all(probed[1:])
+    assert fit["fits"] and fit["activation_checkpointing"] and fit["micro_batch_size"] >= 1
+    assert "one sequence needs" in fit["activation_checkpointing_reason"]
+    # the start event records the plan's prediction for this rank beside the measured peaks of metrics.jsonl
+    assert fit["plan"]["activation_checkpointing"] and fit["plan"]["gib_per_gpu"] > fit["plan"]["states_gib"] > 0
+
+    model.gradient_checkpointing_disable()
+    with pytest.raises(memory.MemoryFitError) as e:
+        memory.resolve_micro_batch(dataclasses.replace(cfg, seq_len=8192, model="m2"), model, opt, env)
+    assert isinstance(e.value, UserError) and e.value.exit_code == 2
     msg = str(e.value)
-    assert "one sequence of 8192 tokens does not fit in GPU memory" in msg
-    assert "(activation checkpointing off)" in msg
-    assert "--activation-checkpointing" in msg and "lower --seq-len" in msg and "add workers" in msg
-    assert isinstance(e.value.__cause__, torch.cuda.OutOfMemoryError)
+    assert "--seq-len 8192: one sequence does not fit in GPU memory even with activation checkpointing" in msg
+    assert "the plan predicts" in msg and "python -m trainer plan" in msg and "lower --seq-len" in msg

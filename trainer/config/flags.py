@@ -231,8 +231,9 @@ class TrainConfig:
     fail_at_step: int = setting(0, "testing aid: raise once at this step (first attempt only) to exercise recovery",
                                 check=not_negative, result=False)
     sharding: str = setting(AUTO, "FSDP2 sharding: full (over all workers), hybrid (shard inside a node, replicate "
-                                  "across nodes) or auto (hybrid when the communication estimate for "
-                                  "--instance-type favours it)", choices=(AUTO, "full", "hybrid"), result=False)
+                                  "across nodes) or auto (hybrid when one node's GPUs hold the run and the "
+                                  "communication estimate for --instance-type favours it)",
+                            choices=(AUTO, "full", "hybrid"), result=False)
     shard_size: int = setting(0, "workers per shard group for hybrid sharding (0: the workers of one node)",
                               check=lambda v: None if v >= 0 else "must be 0 (the workers of one node) or positive",
                               result=False)

@@ -20,6 +20,7 @@ from trainer.data.formats import Renderer
 from trainer.data.packing import DataError, DataSpec, check_records, load_records, prepare, tokenizer_fingerprint
 from trainer.data.packing import summary as data_summary
 from trainer.jobs.cluster import ClusterError, check_capacity, check_reachable
+from trainer.jobs.plan import run_refusal
 from trainer.loop.metrics import missing_backends
 from trainer.loop.run import CHAT_TEMPLATE_KEY, train_func
 from trainer.model.build import check_architecture
@@ -119,6 +120,9 @@ def _check_model(cfg: TrainConfig, fs_for: Callable[[str], Any], info: dict, pro
             problems.append(f"{flag('seq_len')} = {cfg.seq_len} exceeds the model's maximum sequence length "
                             f"(max_position_embeddings = {limit}); use --seq-len {limit} or less")
         info["decoder_layers"] = len(check_architecture(mcfg).layers)  # on the meta device: shardable?
+        too_big, info["plan"] = run_refusal(cfg, mcfg)  # GPU memory per worker, before any GPU is paid for
+        if too_big:
+            problems.append(f"{flag('model')} {cfg.model}: {too_big}")
         info["weights"] = check_weights(cfg.model, storage_fs=fs_for(cfg.model), random_init=cfg.random_init)
         model_ok = True
     except ModelSourceError as e:

@@ -13,9 +13,11 @@ from typing import Callable
 
 import torch
 
+from facts.errors import UserError
 from trainer.config.flags import TrainConfig
 from trainer.loop.parallel import Collectives, WorkerEnv
 from trainer.loop.step import DEFAULT_LOSS, IGNORE_INDEX, loss_index, loss_path, resolve_loss, token_loss_sum
+from trainer.model import footprint
 from trainer.model.build import enable_activation_checkpointing
 
 log = logging.getLogger("trainer")
@@ -111,11 +113,11 @@ def choose_micro_batch(model, optimizer: torch.optim.Optimizer, *, rows: int, se
             fixed, per_row = measure_row_memory(lambda n: probe_peak(model, n, seq_len, device, impl),
                                                 budget=budget, states=states,
                                                 agree=lambda ok: bool(collectives.min([int(ok)], device)[0]))
-        except torch.cuda.OutOfMemoryError as e:
-            raise MemoryError(
-                f"one sequence of {seq_len} tokens does not fit in GPU memory for a forward/backward pass "
-                f"(activation checkpointing {'on' if checkpointed else 'off'}): pass --activation-checkpointing, "
-                f"lower --seq-len, or add workers to shard the model further") from e
+        except torch.cuda.OutOfMemoryError:
+            # Not even one sequence fits: the caller turns activation checkpointing on and probes again.
+            model.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+            fixed, per_row = 0.0, budget + 1.0  # more than the whole budget: `fits` is false
         source = "measured"
     else:
         per_row = activation_bytes_per_row(model.config, seq_len, checkpointed=checkpointed)
@@ -125,6 +127,55 @@ def choose_micro_batch(model, optimizer: torch.optim.Optimizer, *, rows: int, se
     return {"micro_batch_size": chosen, "fits": bool(fits), "activation_checkpointing": checkpointed,
             "per_row_gib": per_row / 2**30, "fixed_gib": (fixed + states) / 2**30,
             "budget_gib": budget / 2**30, "source": source, "ranks_per_host": ranks_per_host}
+
+
+class MemoryFitError(UserError):
+    """Not one sequence fits in GPU memory, even with activation checkpointing: the same on every retry (exit 2)."""
+
+
+def fit_with_checkpointing(choose: Callable[[], dict], enable: Callable[[], None], *, seq_len: int,
+                           plan: Callable[[], str] = lambda: "") -> dict:
+    """The fit (`choose`), again with activation checkpointing turned on (`enable`) when not one sequence fits.
+
+    A GPU fit that fails with checkpointing on as well is a MemoryFitError with the numbers, never
+    retried: a run that does not fit does not fit on the next attempt either. A CPU fit is an
+    estimate, so it only warns (the host may swap rather than fail).
+    """
+    fit = choose()
+    if not fit["fits"] and not fit["activation_checkpointing"]:
+        needed = fit["fixed_gib"] + fit["per_row_gib"]
+        enable()
+        fit = {**choose(), "activation_checkpointing_reason":
+               f"one sequence needs {needed:.2f} GiB without it, the budget is {fit['budget_gib']:.2f} GiB"}
+    if not fit["fits"] and fit["source"] == "measured":
+        raise MemoryFitError(
+            f"--seq-len {seq_len}: one sequence does not fit in GPU memory even with activation checkpointing "
+            f"({fit['fixed_gib'] + fit['per_row_gib']:.2f} GiB measured or more, {fit['budget_gib']:.2f} GiB free "
+            f"for it){plan()}; lower --seq-len, add GPUs to shard the model further, or plan the run first: "
+            f"python -m trainer plan")
+    return fit
+
+
+def planned(cfg: TrainConfig, model: torch.nn.Module, env: WorkerEnv, micro_batch: int = 1,
+            checkpointed: bool = True) -> dict | None:
+    """What the memory plan (trainer.model.footprint) predicts for this rank: recorded beside the measured peak."""
+    try:
+        ranks = env.local_world_size if env.collectives.replicated else env.world_size
+        f = footprint.footprint(footprint.census(model.config), "full", ranks, seq_len=cfg.seq_len,
+                                micro_batch=micro_batch, activation_checkpointing=checkpointed)
+    except Exception:  # noqa: BLE001 - an architecture the plan cannot read: the measured numbers alone
+        return None
+    return {"gib_per_gpu": round(f.peak_bytes / footprint.GIB, 3), "states_gib": round(f.states_bytes / footprint.GIB, 3),
+            "activation_checkpointing": checkpointed, "micro_batch_size": micro_batch, "ranks": ranks}
+
+
+def plan_note(cfg: TrainConfig, model: torch.nn.Module, env: WorkerEnv) -> str:
+    """The plan's prediction, for the error that one sequence did not fit."""
+    p = planned(cfg, model, env)
+    if p is None:
+        return ""
+    return (f"; the plan predicts {p['gib_per_gpu']:.2f} GiB per GPU with checkpointing "
+            f"({p['states_gib']:.2f} GiB of parameters, gradients and optimizer states)")
 
 
 def resolve_micro_batch(cfg: TrainConfig, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -137,7 +188,11 @@ def resolve_micro_batch(cfg: TrainConfig, model: torch.nn.Module, optimizer: tor
     fits, activation checkpointing is turned on (memory forces it) and the fit found again.
     """
     if not cfg.micro_batch_auto:
-        return {"micro_batch_size": int(cfg.micro_batch_size), "source": "configured"}
+        fit = {"micro_batch_size": int(cfg.micro_batch_size), "source": "configured"}
+        if env.device.type == "cuda":  # the start event keeps the plan's prediction beside the measured peaks
+            fit["plan"] = planned(cfg, model, env, fit["micro_batch_size"],
+                                  bool(getattr(model, "is_gradient_checkpointing", False)))
+        return fit
 
     def choose() -> dict:
         fit = choose_micro_batch(model, optimizer, rows=cfg.global_batch_size // env.world_size,
@@ -145,14 +200,12 @@ def resolve_micro_batch(cfg: TrainConfig, model: torch.nn.Module, optimizer: tor
                                  ranks_per_host=env.local_world_size)
         return {k: round(v, 6) if isinstance(v, float) else v for k, v in fit.items()}
 
-    fit = choose()
-    if not fit["fits"] and not fit["activation_checkpointing"]:
-        needed = fit["fixed_gib"] + fit["per_row_gib"]
-        enable_activation_checkpointing(model)
-        fit = {**choose(), "activation_checkpointing_reason":
-               f"one sequence needs {needed:.2f} GiB without it, the budget is {fit['budget_gib']:.2f} GiB"}
-        if env.rank == 0:
-            log.warning("activation checkpointing turned on: %s", fit["activation_checkpointing_reason"])
+    fit = fit_with_checkpointing(choose, lambda: enable_activation_checkpointing(model), seq_len=cfg.seq_len,
+                                 plan=lambda: plan_note(cfg, model, env))
+    if env.device.type == "cuda":  # the start event keeps the plan's prediction beside the measured peaks
+        fit["plan"] = planned(cfg, model, env, fit["micro_batch_size"], fit["activation_checkpointing"])
+    if fit.get("activation_checkpointing_reason") and env.rank == 0:
+        log.warning("activation checkpointing turned on: %s", fit["activation_checkpointing_reason"])
     if env.rank == 0:
         log.info("micro-batch: %d sequences (auto, %s: %.4f GiB per sequence + %.4f GiB fixed, budget %.2f GiB "
                  "per rank, %d rank(s) on this host)", fit["micro_batch_size"], fit["source"], fit["per_row_gib"],

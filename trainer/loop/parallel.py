@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from trainer import efa
 from trainer.config.flags import ConfigError, TrainConfig
+from trainer.model import footprint
 from trainer.model.flops import parameter_count
 from trainer.model.sources import read_model_config
 
@@ -40,8 +41,8 @@ def instance_network(instance_type: str) -> dict[str, Any]:
 
 
 def comm_estimate(params: int, *, nodes: int, gpus_per_node: int, network_gbps: float,
-                  intra_node_gbytes_per_s: float, micro_batches: int, param_bytes: int = 2,
-                  grad_bytes: int = 4) -> dict[str, dict[str, float]]:
+                  intra_node_gbytes_per_s: float, micro_batches: int, param_bytes: float = 2,
+                  grad_bytes: float = 4) -> dict[str, dict[str, float]]:
     """Seconds of communication per optimizer step for full and hybrid sharding (ring model).
 
     Every micro-batch all-gathers the parameters twice (forward, backward) and
@@ -112,12 +113,14 @@ class ShardingPlan:
 
 def plan_sharding(sharding: str, world_size: int, hosts: list[str], *, shard_size: int = 0,
                   instance_type: str | None = None, micro_batches: int = 1, params: int | None = None,
-                  param_bytes: int = 2) -> ShardingPlan:
+                  param_bytes: float = 2, grad_bytes: float = 4, node_fits: str | None = None) -> ShardingPlan:
     """Full sharding over every rank, or hybrid: shard inside a node, replicate across nodes.
 
     `hosts` is every rank's hostname (node count and ranks per node); `shard_size`
-    overrides the ranks per shard group. `auto` takes hybrid when the communication
-    estimate for the instance type favours it, and hybrid on several nodes of an unknown
+    overrides the ranks per shard group. `auto` takes hybrid only when the model, its
+    gradients, optimizer state and activations fit in one shard group (`node_fits`: None when
+    they do or nothing is known, else why not, from trainer.model.footprint) and then when the
+    communication estimate for the instance type favours it, or on several nodes of an unknown
     type (only the gradient all-reduce then crosses the slower network).
     """
     if sharding not in ("auto", "full", "hybrid"):
@@ -127,9 +130,12 @@ def plan_sharding(sharding: str, world_size: int, hosts: list[str], *, shard_siz
     even = len(set(per_host.values())) == 1
     ranks_per_node = world_size // nodes if even else 0
     group = _shard_group(sharding, world_size, per_host, shard_size, ranks_per_node if even else None)
-    if sharding == "auto":
+    if sharding == "auto" and node_fits and nodes > 1 and not shard_size:
+        kind, reason = "full", f"hybrid sharding would not fit: {node_fits}"
+    elif sharding == "auto":
         kind, reason = _auto_sharding(nodes, group, shard_size=shard_size, instance_type=instance_type,
-                                      micro_batches=micro_batches, params=params, param_bytes=param_bytes)
+                                      micro_batches=micro_batches, params=params, param_bytes=param_bytes,
+                                      grad_bytes=grad_bytes)
     else:
         kind, reason = sharding, f"--sharding {sharding}"
     if kind == "hybrid" and world_size // group == 1:
@@ -156,7 +162,7 @@ def _shard_group(sharding: str, world_size: int, per_host: Counter, shard_size: 
 
 
 def _auto_sharding(nodes: int, group: int, *, shard_size: int, instance_type: str | None, micro_batches: int,
-                   params: int | None, param_bytes: int) -> tuple[str, str]:
+                   params: int | None, param_bytes: float, grad_bytes: float) -> tuple[str, str]:
     """What `auto` picks, and why: the communication estimate decides on several nodes of a known type."""
     if shard_size:
         return "hybrid", f"--shard-size {shard_size}"
@@ -167,7 +173,7 @@ def _auto_sharding(nodes: int, group: int, *, shard_size: int, instance_type: st
     net = instance_network(instance_type)
     est = comm_estimate(params or 10**9, nodes=nodes, gpus_per_node=group, network_gbps=net["network_gbps"],
                         intra_node_gbytes_per_s=net["intra_node_gbytes_per_s"],
-                        micro_batches=micro_batches, param_bytes=param_bytes)
+                        micro_batches=micro_batches, param_bytes=param_bytes, grad_bytes=grad_bytes)
     kind = choose_sharding(est, nodes)
     reason = format_estimate(est, nodes=nodes, gpus_per_node=group, instance_type=instance_type,
                              network_gbps=net["network_gbps"], chosen=kind)
@@ -219,6 +225,23 @@ class WorkerEnv:
     collectives: Collectives = ONE_PROCESS
 
 
+def node_memory_problem(cfg: TrainConfig, model_config: Any, world_size: int, hosts: list) -> str | None:
+    """Why one node's GPUs cannot hold a replica of this GPU run (trainer.model.footprint), or None.
+
+    The run as configured: its sequence length and micro-batch (1 with auto, which also turns
+    activation checkpointing on where needed, so it is counted on then)."""
+    from facts.catalog import GPU_TYPES
+
+    nodes = len(set(hosts))
+    if not cfg.use_gpu or cfg.instance_type not in GPU_TYPES or nodes < 2 or world_size % nodes:
+        return None
+    auto = cfg.micro_batch_auto
+    return footprint.node_problem(footprint.census(model_config), "full", world_size // nodes,
+                                  GPU_TYPES[cfg.instance_type].gpu_memory_mib, seq_len=cfg.seq_len,
+                                  micro_batch=1 if auto else int(cfg.micro_batch_size),
+                                  activation_checkpointing=auto or cfg.activation_checkpointing)
+
+
 def setup_parallel(cfg: TrainConfig, rank: int, world_size: int, local_rank: int,
                    device: torch.device | None = None) -> WorkerEnv:
     """Device and FSDP mesh over the process group Ray Train created (NCCL on GPU, gloo on CPU).
@@ -241,10 +264,12 @@ def setup_parallel(cfg: TrainConfig, rank: int, world_size: int, local_rank: int
         dist.all_gather_object(hosts, socket.gethostname())
     else:
         hosts = [socket.gethostname()] * world_size
-    params = None
-    if cfg.instance_type:  # only the communication estimate needs the model's size
+    params = node_fits = None
+    if cfg.instance_type:  # only the communication estimate and the memory of a node's shard group need the model
         try:
-            params = parameter_count(read_model_config(cfg.model))
+            model_config = read_model_config(cfg.model)
+            params = parameter_count(model_config)
+            node_fits = node_memory_problem(cfg, model_config, world_size, hosts)
         except Exception:  # noqa: BLE001 - the estimate is then per 1B parameters
             pass
     # With --micro-batch-size auto the micro-batch is chosen only after the model is sharded, so the
@@ -254,7 +279,7 @@ def setup_parallel(cfg: TrainConfig, rank: int, world_size: int, local_rank: int
     try:
         plan = plan_sharding(cfg.sharding, world_size, hosts, shard_size=cfg.shard_size,
                              instance_type=cfg.instance_type, micro_batches=micro_batches, params=params,
-                             param_bytes=2 if cfg.use_gpu else 4)
+                             param_bytes=2 if cfg.use_gpu else 4, node_fits=node_fits)
     except ValueError as e:  # the workers' placement does not fit the sharding asked for: a user error
         raise ConfigError([f"--sharding {cfg.sharding} / --shard-size {cfg.shard_size}: {e}"]) from None
     mesh = init_device_mesh(device.type, plan.mesh_shape, mesh_dim_names=plan.mesh_dim_names)

@@ -489,14 +489,80 @@ def resume_point(storage: Storage, preferred: str | None = None) -> str | None:
     return None
 
 
+def needed_ranges(folder: Path, state: dict) -> dict[str, list[tuple[int, int]]]:
+    """Per checkpoint file (relative path), the (offset, length) byte ranges that hold the pieces of `state`
+    this rank loads, merged.
+
+    DCP's own load planner on the checkpoint's metadata: each read item names the file, offset and
+    length of a piece of this rank's shards. A rank's shards are in its own file; DCP writes each
+    replicated value (a step count, a scalar) once, into whichever rank's file, so a rank also needs a
+    few bytes of the others'.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    metadata = dcp.FileSystemReader(str(folder)).read_metadata()
+    planner = DefaultLoadPlanner()
+    planner.set_up_planner(state, metadata, is_coordinator=False)
+    ranges: dict[str, list[tuple[int, int]]] = {}
+    for item in planner.create_local_plan().items:
+        info = metadata.storage_data[item.storage_index]
+        ranges.setdefault(info.relative_path, []).append((info.offset, info.length))
+    return {path: _merged(spans) for path, spans in ranges.items()}
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[list[int]] = []
+    for offset, length in sorted(spans):
+        if out and offset <= out[-1][0] + out[-1][1]:
+            out[-1][1] = max(out[-1][1], offset + length - out[-1][0])
+        else:
+            out.append([offset, length])
+    return [(o, n) for o, n in out]
+
+
+def _fetch(storage: Storage, name: str, part: str, into: Path) -> None:
+    target = into / part
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with storage.fs.open_input_stream(storage.path(name, part)) as src, open(target, "wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 22)
+
+
+def _fetch_ranges(storage: Storage, name: str, part: str, spans: list[tuple[int, int]], into: Path) -> int:
+    """Only `spans` of the file, each at its own offset of a sparse local file (the rest takes no disk)."""
+    target = into / part
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fetched = 0
+    with storage.fs.open_input_file(storage.path(name, part)) as src, open(target, "wb") as dst:
+        for offset, length in spans:
+            done = 0
+            while done < length:
+                block = src.read_at(min(length - done, 1 << 24), offset + done)
+                if not block:
+                    raise CheckpointError(f"checkpoint {storage.path(name)}: {part} ends before byte "
+                                          f"{offset + length} that its metadata names")
+                dst.seek(offset + done)
+                dst.write(block)
+                done += len(block)
+            fetched += length
+    return fetched
+
+
 @contextmanager
-def _local_copy(storage: Storage, name: str) -> Iterator[Path]:
+def _rank_copy(storage: Storage, name: str, model, optimizer) -> Iterator[Path]:
+    """The checkpoint as this rank reads it: a local folder as it is; from object storage only this rank's
+    share (the metadata, the train state, its RNG file and the byte ranges of the shard files its pieces are
+    in), so the ranks of a node do not each download the whole checkpoint."""
     if storage.is_local:
         yield Path(storage.path(name))
         return
     tmp = Path(tempfile.mkdtemp(prefix=f"{name}-load-"))
     try:
-        storage.download_dir(tmp, name)
+        for part in (".metadata", MARKER, TRAIN_STATE, f"rng/rank_{_rank()}.pt"):
+            if storage.exists(name, part):
+                _fetch(storage, name, part, tmp)
+        for part, spans in sorted(needed_ranges(tmp, _sharded_state(model, optimizer)).items()):
+            _fetch_ranges(storage, name, part, spans, tmp)
         yield tmp
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -507,7 +573,7 @@ def load(storage: Storage, name: str, model, optimizer, scheduler) -> dict:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
-    with _local_copy(storage, name) as folder:
+    with _rank_copy(storage, name, model, optimizer) as folder:
         state = _sharded_state(model, optimizer)
         dcp.load(state, checkpoint_id=str(folder))
         set_model_state_dict(model, state["model"])

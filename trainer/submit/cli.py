@@ -102,6 +102,28 @@ def main(argv: list[str]) -> int:
         return submit_and_follow(args, target, cfg, env, cluster_storage)
 
 
+def plan_main(argv: list[str]) -> int:
+    """`python -m trainer plan`: trainer.jobs.plan on --instance-type/--nodes, or on a stack's GPU pool (--stack)."""
+    from trainer.jobs import plan
+
+    parser = argparse.ArgumentParser(prog="python -m trainer plan", description=plan.__doc__.split("\n\n")[0])
+    plan.add_arguments(parser)
+    parser.add_argument("--stack", help="Pulumi stack: its GPU pool's instance type and node count")
+    parser.add_argument("--pool", help="the stack's GPU pool (required when it has several)")
+    args = parser.parse_args(list(argv))
+    if args.stack and (args.instance_type or args.nodes):
+        raise plan.PlanError("--stack and --instance-type/--nodes: give one of them (the stack names both)")
+    if not args.stack:
+        if not args.instance_type or args.nodes is None:
+            raise plan.PlanError("--instance-type and --nodes are both required, or --stack NAME")
+        return plan.run(args, plan.Target(args.instance_type, args.nodes))
+    with stack_target(args.stack) as (_, outputs):
+        pool = choose_pool(outputs, args.pool)
+    if pool is None:
+        raise SubmitError(f"--stack {args.stack}: the stack has no GPU node pool with Ray workers to plan for")
+    return plan.run(args, plan.Target(pool.instance_type, pool.max_nodes))
+
+
 def requested_pool(args: argparse.Namespace, flags: dict) -> str | None:
     """--pool, else the --config file's `pool`: it decides the defaults, so it is read before the rest (the
     configuration then carries it to the job, which pins its workers to the pool)."""
