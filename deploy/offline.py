@@ -28,6 +28,7 @@ class Recorded:
     name: str
     inputs: dict[str, Any]
     outputs: dict[str, Any]
+    id: str = ""
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,10 @@ class Registration:
     provider: str
     aliases: frozenset[str] = frozenset()
     parent: str = ""
+    protect: bool = False
+    retain_on_delete: bool = False
+    delete_before_replace: bool = False
+    replace_on_changes: tuple[str, ...] = ()
 
 
 class _RecordingMonitor(pulumi_mocks.MockMonitor):
@@ -70,7 +75,9 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
         response = super().RegisterResource(request)
         self.registrations[response.urn] = Registration(
             response.urn, request.type, request.name, frozenset(request.dependencies),
-            tuple(request.ignoreChanges), request.provider, frozenset(request.aliasURNs), request.parent)
+            tuple(request.ignoreChanges), request.provider, frozenset(request.aliasURNs), request.parent,
+            bool(request.protect), bool(request.retainOnDelete), bool(request.deleteBeforeReplace),
+            tuple(request.replaceOnChanges))
         return response
 
 
@@ -137,7 +144,7 @@ class RecordingMocks(pulumi.runtime.Mocks):
         elif args.typ == "aws:iam/role:Role":
             outputs["arn"] = f"arn:aws:iam::{ACCOUNT}:role/{args.name}"
             outputs.setdefault("name", args.name)
-        self.resources.append(Recorded(args.typ, args.name, dict(args.inputs), outputs))
+        self.resources.append(Recorded(args.typ, args.name, dict(args.inputs), outputs, rid))
         return [rid, outputs]
 
     def call(self, args: pulumi.runtime.MockCallArgs):

@@ -104,7 +104,8 @@ def main(*, offline: bool = False) -> dict[str, pulumi.Output]:
         groups[pool.name] = NodeGroup(
             pool, cluster_name=eks.cluster.name, cluster_name_tag=cfg.cluster_name, node_role_arn=eks.node_role.arn,
             subnet_ids=subnets, availability_zone=zone.name if zone else None,
-            security_group_ids=[eks.security_group_id, *fabric], tags=tags, opts=node_opts)
+            security_group_ids=[eks.security_group_id, *fabric], tags=tags,
+            kubernetes_version=cfg.kubernetes_version, opts=node_opts)
     late_addons = eks.late_addons(depends_on=[groups[cfg.system_pool.name].node_group])
 
     store = CheckpointStore("checkpoints", bucket=cfg.checkpoint_bucket,
