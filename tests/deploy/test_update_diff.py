@@ -92,7 +92,7 @@ def test_resources_json_records_the_options_the_engine_acts_on():
     assert bucket["aliases"]  # the bucket's old URN (BucketV2) is matched
     scaled = records[(NODE_GROUP, "gpu-ng")]["options"]
     assert scaled["ignoreChanges"] == ["scalingConfig.desiredSize"]
-    assert all(r["urn"].startswith("urn:pulumi:dev::raytrain-eks::") for r in records.values())
+    assert all(r["urn"].startswith("urn:pulumi:dev::raytrain-eks::") for r in nonempty(records.values(), "records"))
     assert {"deleteBeforeReplace", "replaceOnChanges"} <= set(bucket)
 
 
@@ -197,7 +197,7 @@ def test_worker_env_updates_the_raycluster_only():
     d = diff(BASE, **{"raytrain-eks:ncclDebug": "WARN"})
     assert [c.name for c in d.changes if c.verdict != "unchanged" and not c.type.startswith("raytrain:")] == [
         "ray-raycluster"]
-    assert all(p.startswith("spec.workerGroupSpecs") for p in d.of(RAYCLUSTER).changed)
+    assert all(p.startswith("spec.workerGroupSpecs") for p in nonempty(d.of(RAYCLUSTER).changed, "changed paths"))
 
 
 def test_a_pools_zone_moves_that_pool_and_renumbers_no_other_subnet():
