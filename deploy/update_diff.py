@@ -95,7 +95,19 @@ def substitute_ignored(old: dict, new: dict, ignore_changes: Iterable[str]) -> t
     return goal, masked
 
 
-def changed_paths(old: dict, new: dict) -> list[Path_]:
+def unordered(value: Any, path: Path_) -> Any:
+    """`value` with the list at `path` (through any lists on the way) sorted: a TypeSet has no order."""
+    if isinstance(value, list) and (not path or not isinstance(path[0], int)):
+        items = [unordered(v, path) for v in value] if path else value
+        return sorted(items, key=lambda v: json.dumps(v, sort_keys=True)) if not path else items
+    if isinstance(value, dict) and path and path[0] in value:
+        return {**value, path[0]: unordered(value[path[0]], path[1:])}
+    return value
+
+
+def changed_paths(old: dict, new: dict, sets: Iterable[str] = ()) -> list[Path_]:
+    for text in sets:
+        old, new = unordered(old, parse_path(text)), unordered(new, parse_path(text))
     a, b = leaves(old), leaves(new)
     return sorted((p for p in a.keys() | b.keys() if a.get(p) != b.get(p)), key=lambda p: tuple(map(str, p)))
 
@@ -162,7 +174,7 @@ def _references(inputs: dict, ids: set[str]) -> list[Path_]:
 def _classify(new: dict, old: dict, extra: list[Path_], *, new_ids: set[str], lt_updated: set[str]) -> Change:
     opts = new.get("options", {})
     goal, masked = substitute_ignored(old["inputs"], new["inputs"], opts.get("ignoreChanges", ()))
-    paths = changed_paths(old["inputs"], goal)
+    paths = changed_paths(old["inputs"], goal, type_rules(new["type"]).get("sets", ()))
     paths += [p for p in extra if p not in paths]
     if new["type"] == NODE_GROUP and _references(new["inputs"], lt_updated):
         paths.append(("launchTemplate", "version"))  # a new template version: EKS rolls the group's nodes
@@ -235,8 +247,7 @@ def review(changes: list[Change], old_resources: list[dict], new_resources: list
             protected = " (protected: `pulumi up` stops there)" if opts.get("protect") else ""
             notes.append(f"DATA: {c.verdict} of {c.name} ({c.type}){protected}")
         if c.type == NODE_GROUP and c.verdict == "replace":
-            notes.append(f"NODES: node group {c.name} is replaced (new nodes; every pod on the old ones is evicted): "
-                         f"{', '.join(c.forcing)}")
+            notes.append(f"NODES: node group {c.name} is replaced by new nodes, its pods evicted ({', '.join(c.forcing)})")
         elif c.type == NODE_GROUP and c.verdict == "update":
             rolling = [p for p in c.changed if covered(parse_path(p), rules.get("rolls_nodes", ()))]
             if rolling:

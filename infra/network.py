@@ -52,7 +52,7 @@ def plan_subnets(azs: list[str], vpc_cidr: str = VPC_CIDR) -> list[SubnetPlan]:
 
 
 class Network(pulumi.ComponentResource):
-    """VPC, subnets, one NAT gateway in the GPU AZ, and route tables."""
+    """VPC, subnets, one NAT gateway in the network's first zone by name, and route tables."""
 
     def __init__(self, name: str, *, azs: list[str], control_plane_azs: list[str], cluster_name: str, region: str,
                  s3_endpoint_policy: str, tags: dict[str, str], opts: pulumi.ResourceOptions | None = None):
@@ -86,7 +86,9 @@ class Network(pulumi.ComponentResource):
                 tags=tagged(f"private-{plan.az}", {**cluster_tag, "kubernetes.io/role/internal-elb": "1"}),
                 opts=child)
 
-        nat_az = azs[0]
+        # The first zone by name, not the GPU zone: a GPU zone that moves within the same zones keeps the NAT gateway
+        # (its subnet_id forces replacement).
+        nat_az = sorted(azs)[0]
         eip = aws.ec2.Eip(f"{name}-nat", domain="vpc", tags=tagged("nat"), opts=child)
         self.nat = aws.ec2.NatGateway(f"{name}-nat", allocation_id=eip.id,
                                       subnet_id=self.public_subnets[nat_az].id, tags=tagged("nat"),
