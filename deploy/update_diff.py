@@ -157,11 +157,14 @@ class Diff:
 
 
 def _index(resources: list[dict]) -> dict[str, dict]:
-    return {r.get("urn") or f"{r['type']}::{r['name']}": r for r in resources}
+    """By URN, and by type and name (a resources.json written before URNs were recorded has none)."""
+    index = {f"{r['type']}::{r['name']}": r for r in resources}
+    index.update({r["urn"]: r for r in resources if r.get("urn")})
+    return index
 
 
 def _match(new: dict, old_by_urn: dict[str, dict]) -> dict | None:
-    for urn in [new.get("urn") or f"{new['type']}::{new['name']}", *new.get("options", {}).get("aliases", ())]:
+    for urn in [new.get("urn"), *new.get("options", {}).get("aliases", ()), f"{new['type']}::{new['name']}"]:
         if urn in old_by_urn:
             return old_by_urn[urn]
     return None
@@ -179,9 +182,14 @@ def _classify(new: dict, old: dict, extra: list[Path_], *, new_ids: set[str], lt
     if new["type"] == NODE_GROUP and _references(new["inputs"], lt_updated):
         paths.append(("launchTemplate", "version"))  # a new template version: EKS rolls the group's nodes
     change = Change(new.get("urn", ""), new["type"], new["name"], "unchanged")
+    rules = type_rules(new["type"])
+    first = [p for p in paths if covered(p, rules.get("computed", ())) and not _get(old["inputs"], p)[0]]
+    if first:  # Optional+Computed: the state already holds a value, which the new input may simply restate
+        paths = [p for p in paths if p not in first]
+        change.notes.append("newly declared " + ", ".join(map(show_path, first)) + " (computed until now): a change "
+                            "only where the live value differs")
     if not paths:
         return change
-    rules = type_rules(new["type"])
     forcing = sorted({r for p in paths for r in covered(p, rules.get("force_new", ()))})
     forcing += sorted({r for p in paths for r in covered(p, opts.get("replaceOnChanges", ())) if r not in forcing})
     change.verdict = "replace" if forcing else "update"
@@ -217,11 +225,12 @@ def compare(old_resources: list[dict], new_resources: list[dict]) -> Diff:
             continue
         extra = _references(new["inputs"], replaced_ids)
         change = _classify(new, old, extra, new_ids=replaced_ids, lt_updated=lt_updated)
-        if change.verdict == "replace" and old.get("id"):
-            replaced_ids.add(old["id"])
-        if new["type"] == LAUNCH_TEMPLATE and old.get("id") and (change.verdict == "replace" or any(
+        old_id = old.get("id") or f"{old['name']}-id"  # the mocks' id (a resources.json without ids)
+        if change.verdict == "replace":
+            replaced_ids.add(old_id)
+        if new["type"] == LAUNCH_TEMPLATE and (change.verdict == "replace" or any(
                 covered(parse_path(p), type_rules(LAUNCH_TEMPLATE)["new_version_on"]) for p in change.changed)):
-            lt_updated.add(old["id"])  # a new template version (terraform-provider-aws: CreateLaunchTemplateVersion)
+            lt_updated.add(old_id)  # a new template version (terraform-provider-aws: CreateLaunchTemplateVersion)
         changes.append(change)
     for old in old_resources:
         if id(old) not in matched and not old["type"].startswith("pulumi:providers:"):

@@ -281,3 +281,16 @@ def test_the_plan_command_prints_the_diff(tmp_path, capsys):
     assert plan.main(["--compare-to", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
     assert "--compare-to" in err and "resources.json" in err
+
+
+def test_a_plan_written_before_urns_and_options_were_recorded_still_compares():
+    """A base branch's resources.json may hold only type, name and inputs: matched by type and name, its ids
+    are the mocks' `<name>-id`, so a replaced subnet still reaches the node group that names it."""
+    old = [{k: r[k] for k in ("type", "name", "inputs")} for r in planned(BASE)]
+    d = update_diff.compare(old, planned(BASE))
+    assert d.by_verdict("create") == [] and d.by_verdict("delete") == [] and d.by_verdict("replace") == []
+    moved = [{**r, "inputs": {**r["inputs"], "cidrBlock": "10.0.96.0/19"}} if r["name"] == "net-private-us-east-1a"
+             else r for r in old]
+    d = update_diff.compare(moved, planned(BASE))
+    assert d.of(SUBNET, "net-private-us-east-1a").verdict == "replace"
+    assert d.of(NODE_GROUP, "gpu-ng").verdict == "replace" and d.of(NODE_GROUP, "gpu-ng").forcing == ["subnetIds"]
