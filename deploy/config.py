@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
+from facts import autoscaler as autoscaler_facts
 from facts import catalog, images
 from facts import nodes as node_facts
 from facts import ray as ray_facts
@@ -198,6 +199,10 @@ def _cidrs(key, value, problems):
     if not items:
         problems.append(f"{key}: the list is empty; give the CIDRs allowed to reach the EKS API, e.g. your address as x.x.x.x/32")
         return None
+    if len(items) > aws_rules.PUBLIC_ACCESS_CIDRS_MAX:
+        problems.append(f"{key}: {len(items)} CIDRs; the EKS public endpoint takes at most "
+                        f"{aws_rules.PUBLIC_ACCESS_CIDRS_MAX}: merge neighbouring ranges or reach the API through a "
+                        "bastion or VPN")
     good = []
     for item in items:
         try:
@@ -341,6 +346,9 @@ def _labels(key, value, problems):
         elif why := node_facts.label_problem(str(label), str(label_value).lower() if isinstance(label_value, bool)
                                              else str(label_value)):
             problems.append(f"{key}: {why}")
+        else:
+            problems.extend(f"{key}: {why}" for why in aws_rules.node_group_label_problems(
+                "label", str(label), str(label_value).lower() if isinstance(label_value, bool) else str(label_value)))
     return MappingProxyType({str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in mapping.items()})
 
 
@@ -365,6 +373,11 @@ def _taints(key, value, problems):
             continue
         if why := node_facts.label_problem(taints[-1].key, taints[-1].value):
             problems.append(f"{key}: {why.replace('label', 'taint')}")
+        else:
+            problems.extend(f"{key}: {why}" for why in aws_rules.node_group_label_problems(
+                "taint", taints[-1].key, taints[-1].value))
+    if len(taints) > aws_rules.MAX_TAINTS:
+        problems.append(f"{key}: {len(taints)} taints; an EKS node group takes at most {aws_rules.MAX_TAINTS}")
     return tuple(taints)
 
 
@@ -672,6 +685,7 @@ def load(raw: Mapping[str, Any], *, stack: str, project: str = PROJECT, cls: typ
     _check_scale_to_zero(values, ours, any(p.scale_to_zero for p in node_pools), prefix, problems)
     cluster_name = _cluster_name(values["clusterName"], project, stack, prefix, problems)
     _check_tag_count(values["tags"], aws_settings, prefix, problems)
+    _check_own_names(values, cluster_name, prefix, problems)
     placeholders = _placeholders(values["apiAccessCidrs"], prefix)
 
     problems.raise_if_any(ConfigError)
@@ -680,6 +694,31 @@ def load(raw: Mapping[str, Any], *, stack: str, project: str = PROJECT, cls: typ
     return cls(project=project, stack=stack, region=str(region), node_pools=tuple(node_pools),
                aws_settings=aws_settings, placeholders=placeholders,
                **{name: values[key] for key, name in key_fields(cls).items()})
+
+
+# Namespaces every EKS cluster already has, and the one the program makes for the KubeRay operator:
+# creating the Ray namespace there fails with "already exists" after the cluster is up.
+EXISTING_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+OPERATOR_NAMESPACE = "kuberay-system"  # workloads.charts.OPERATOR_NAMESPACE (tests/workloads checks they agree)
+
+
+def own_tag_keys(cluster_name: str | None) -> tuple[str, ...]:
+    """The tag keys the program itself sets beside the user's: resource_tags, the network's, the autoscaler's."""
+    cluster = cluster_name or ""
+    return ("project", "stack", "Name", "availability-zone", "kubernetes.io/role/elb", "kubernetes.io/role/internal-elb",
+            f"kubernetes.io/cluster/{cluster}", *autoscaler_facts.discovery_tags(cluster))
+
+
+def _check_own_names(values: dict, cluster_name: str | None, prefix: str, problems: Problems) -> None:
+    """User tags and the Ray namespace may not collide with what the program or EKS already names."""
+    problems.extend(f"{prefix}tags: {why}"
+                    for why in aws_rules.tag_collisions(dict(values["tags"] or {}), own_tag_keys(cluster_name)))
+    namespace = values["rayNamespace"]
+    if namespace in (*EXISTING_NAMESPACES, OPERATOR_NAMESPACE):
+        whose = "the KubeRay operator's (the program creates it)" if namespace == OPERATOR_NAMESPACE else (
+            "one every EKS cluster already has")
+        problems.append(f"{prefix}rayNamespace: {namespace!r} is {whose}, so creating it fails after the cluster "
+                        f"exists; use a namespace of its own (default {ray_facts.DEFAULT_NAMESPACE!r})")
 
 
 def _check_unknown_keys(ours: Mapping[str, Any], keys: Mapping[str, Any], prefix: str, problems: Problems) -> None:

@@ -28,6 +28,7 @@ class Recorded:
     name: str
     inputs: dict[str, Any]
     outputs: dict[str, Any]
+    id: str = ""
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,10 @@ class Registration:
     provider: str
     aliases: frozenset[str] = frozenset()
     parent: str = ""
+    protect: bool = False
+    retain_on_delete: bool = False
+    delete_before_replace: bool = False
+    replace_on_changes: tuple[str, ...] = ()
 
 
 class _RecordingMonitor(pulumi_mocks.MockMonitor):
@@ -70,7 +75,9 @@ class _RecordingMonitor(pulumi_mocks.MockMonitor):
         response = super().RegisterResource(request)
         self.registrations[response.urn] = Registration(
             response.urn, request.type, request.name, frozenset(request.dependencies),
-            tuple(request.ignoreChanges), request.provider, frozenset(request.aliasURNs), request.parent)
+            tuple(request.ignoreChanges), request.provider, frozenset(request.aliasURNs), request.parent,
+            bool(request.protect), bool(request.retainOnDelete), bool(request.deleteBeforeReplace),
+            tuple(request.replaceOnChanges))
         return response
 
 
@@ -88,13 +95,14 @@ class RecordingMocks(pulumi.runtime.Mocks):
     `reservations` maps a capacity reservation id to what EC2 holds for it (AvailabilityZone, InstanceType,
     InstanceCount, State, and kind "capacity-block" for a Capacity Block); an id not listed is not found,
     as EC2 answers (offline, `assume_reservations_from` lists those a configuration names).
-    `quotas` maps an EC2 quota code to its value (default: ample).
+    `quotas` maps an EC2 quota code to its value (default: ample). `offered_by_type` gives an instance
+    type its own offered zones (default: offered_zones for every type).
     """
 
     def __init__(self, region: str, *, zones: list[str] | None = None, offered_zones: list[str] | None = None,
                  zone_ids: dict[str, str] | None = None, reservations: dict[str, dict] | None = None,
                  caller_arn: str = CALLER,
-                 quotas: dict[str, float] | None = None):
+                 quotas: dict[str, float] | None = None, offered_by_type: dict[str, list[str]] | None = None):
         self.region = region
         self.zones = zones or ([*US_EAST_1_ZONE_IDS] if region == "us-east-1" else [f"{region}{s}" for s in "abcd"])
         self.zone_ids = zone_ids or _zone_ids(region, self.zones)
@@ -102,6 +110,7 @@ class RecordingMocks(pulumi.runtime.Mocks):
         self.reservations = reservations or {}
         self.caller_arn = caller_arn
         self.quotas = quotas or {}
+        self.offered_by_type = offered_by_type or {}  # instance type -> its zones, where not offered_zones
         self.resources: list[Recorded] = []
         self.calls: list[tuple[str, dict]] = []
 
@@ -137,7 +146,7 @@ class RecordingMocks(pulumi.runtime.Mocks):
         elif args.typ == "aws:iam/role:Role":
             outputs["arn"] = f"arn:aws:iam::{ACCOUNT}:role/{args.name}"
             outputs.setdefault("name", args.name)
-        self.resources.append(Recorded(args.typ, args.name, dict(args.inputs), outputs))
+        self.resources.append(Recorded(args.typ, args.name, dict(args.inputs), outputs, rid))
         return [rid, outputs]
 
     def call(self, args: pulumi.runtime.MockCallArgs):
@@ -147,7 +156,8 @@ class RecordingMocks(pulumi.runtime.Mocks):
                     "groupNames": [self.region] * len(self.zones)}
         if args.token == "aws:ec2/getInstanceTypeOfferings:getInstanceTypeOfferings":
             by_id = args.args.get("locationType") == "availability-zone-id"
-            locations = [self.zone_ids[z] if by_id else z for z in self.offered_zones]
+            offered = self.offered_by_type.get(args.args["filters"][0]["values"][0], self.offered_zones)
+            locations = [self.zone_ids[z] if by_id else z for z in offered]
             return {"locations": locations, "locationTypes": [args.args.get("locationType")] * len(locations),
                     "instanceTypes": [args.args["filters"][0]["values"][0]] * len(locations), "id": self.region}
         if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
@@ -168,6 +178,8 @@ class RecordingMocks(pulumi.runtime.Mocks):
                     "instanceType": found["InstanceType"], "instanceCount": found["InstanceCount"],
                     "instancePlatform": "Linux/UNIX", "state": found.get("State", "active"),
                     "startDate": found.get("StartDate", "2026-12-01T11:30:00Z"), "reservationType": "capacity-block"}
+        if args.token == "aws:ec2/getInstances:getInstances":  # this stack's instances in a reservation: none yet
+            return {"ids": [], "privateIps": [], "publicIps": [], "ipv6Addresses": [], "id": self.region}
         if args.token == "aws:servicequotas/getServiceQuota:getServiceQuota":
             code = args.args["quotaCode"]
             return {"quotaCode": code, "serviceCode": "ec2", "value": self.quotas.get(code, 100000.0), "id": code}

@@ -1,6 +1,6 @@
 """Offline plan: what `pulumi up` would create for a stack, without AWS or the Pulumi CLI.
 
-    python -m deploy.plan --stack dev [--out DIR]
+    python -m deploy.plan --stack dev [--out DIR] [--compare-to EARLIER_DIR]
 
 Reads Pulumi.<stack>.yaml, runs the whole program under mocks, prints what would be
 created and the estimated hourly cost. IDs and cloud-assigned values are
@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import yaml
 
 from deploy import config as stack_config
-from deploy import offline, stack_file
+from deploy import offline, stack_file, update_diff
 from deploy.config import ConfigError
 from deploy.stack_file import StackFileError
 from facts import errors
@@ -172,12 +172,35 @@ def helm_releases(result: offline.PlanResult) -> list[dict]:
             for r in result.of_type("kubernetes:helm.sh/v3:Release")]
 
 
+def options(result: offline.PlanResult, resource: offline.Recorded) -> tuple[str, dict]:
+    """The engine URN and the resource options the engine acts on at the next `pulumi up`."""
+    found = [r for r in result.registrations.values() if r.type == resource.type and r.name == resource.name]
+    if len(found) != 1:
+        return "", {}
+    reg = found[0]
+    urn = offline.engine_urn(reg.urn)
+    return urn, {"protect": reg.protect, "retainOnDelete": reg.retain_on_delete,
+                 "deleteBeforeReplace": reg.delete_before_replace, "ignoreChanges": list(reg.ignore_changes),
+                 "replaceOnChanges": list(reg.replace_on_changes),
+                 "aliases": sorted(result.old_urns(reg.urn) - {urn})}
+
+
+def records(result: offline.PlanResult) -> list[dict]:
+    """Each resource as resources.json keeps it: what the diff tool (deploy.update_diff) compares."""
+    out = []
+    for r in result.resources:
+        urn, opts = options(result, r)
+        out.append({"type": r.type, "name": r.name, "urn": urn, "id": r.id, "inputs": offline.plain(r.inputs),
+                    "options": opts})
+    return out
+
+
 def write_out(result: offline.PlanResult, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "resources.json"]
     written[0].write_text(json.dumps({
         "notice": NOTICE,
-        "resources": [{"type": r.type, "name": r.name, "inputs": offline.plain(r.inputs)} for r in result.resources],
+        "resources": records(result),
         "outputs": {k: ("[secret]" if k in names.SECRET else v) for k, v in result.outputs.items()},
     }, indent=2, sort_keys=True, default=str))
     for subdir, docs, name_of in (
@@ -192,6 +215,15 @@ def write_out(result: offline.PlanResult, out: Path) -> list[Path]:
     return written
 
 
+def read_earlier(plan_dir: Path) -> list[dict]:
+    """The resources of an earlier `--out`; a clear error when the folder holds none."""
+    try:
+        return update_diff.load(plan_dir)
+    except (OSError, ValueError, KeyError) as err:
+        raise errors.UserError(f"--compare-to {plan_dir}: no readable resources.json there ({err}); name the folder an "
+                               "earlier `python -m deploy.plan --out DIR` wrote") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m deploy.plan`: 0, or 2 with `error: ...` (every problem, each with its fix) on bad input."""
     return errors.run(plan, argv)
@@ -201,9 +233,12 @@ def plan(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m deploy.plan", description=__doc__.split("\n\n")[0])
     parser.add_argument("--stack", default="dev", help="reads Pulumi.<stack>.yaml (default: dev)")
     parser.add_argument("--out", type=Path, help="write resources.json and one YAML per Kubernetes object here")
+    parser.add_argument("--compare-to", type=Path, metavar="PLAN_DIR",
+                        help="an earlier plan's --out folder: show what `pulumi up` would do to a stack deployed from it")
     args = parser.parse_args(argv)
     if args.out and args.out.exists() and not args.out.is_dir():
         raise errors.UserError(f"--out {args.out}: a file, not a folder; name a folder (it is created if missing)")
+    earlier = read_earlier(args.compare_to) if args.compare_to else None
     stack = stack_file.read(stack_path(args.stack))
     if problems := stack_file.secret_problems(stack, stack_config.PROJECT):
         raise StackFileError(stack.path, problems)
@@ -231,6 +266,9 @@ def plan(argv: list[str]) -> int:
     if is_placeholder(result.outputs.get(names.DLC_IMAGE, "")):
         print(f"\nDLC image: {result.outputs[names.DLC_IMAGE]}\n  (placeholder digest: `pulumi preview` resolves the "
               "configured tag through the registry and keeps the digest in the stack state)")
+    if earlier is not None:
+        print()
+        print(update_diff.render(update_diff.compare(earlier, records(result))))
     if args.out:
         try:
             written = write_out(result, args.out)

@@ -69,7 +69,7 @@ def main(*, offline: bool = False) -> dict[str, pulumi.Output]:
     lookups = aws.Provider("aws-preflight", **provider_args)
     site = preflight.survey(cfg.node_pools, region=cfg.region, gpu_zone=cfg.availability_zone,
                             admin_role_arns=cfg.admin_role_arns, placeholders=() if offline else cfg.placeholders,
-                            invoke=pulumi.InvokeOptions(provider=lookups))
+                            invoke=pulumi.InvokeOptions(provider=lookups), cluster_name=cfg.cluster_name)
     for warning in () if offline else cost_warnings(cfg.node_pools, cfg.cost_warning_per_day):
         pulumi.log.warn(warning)  # the offline plan prints them itself
     # Pinned next, and every AWS resource waits on it (through the provider): a tag that cannot be
@@ -104,7 +104,8 @@ def main(*, offline: bool = False) -> dict[str, pulumi.Output]:
         groups[pool.name] = NodeGroup(
             pool, cluster_name=eks.cluster.name, cluster_name_tag=cfg.cluster_name, node_role_arn=eks.node_role.arn,
             subnet_ids=subnets, availability_zone=zone.name if zone else None,
-            security_group_ids=[eks.security_group_id, *fabric], tags=tags, opts=node_opts)
+            security_group_ids=[eks.security_group_id, *fabric], tags=tags,
+            kubernetes_version=cfg.kubernetes_version, opts=node_opts)
     late_addons = eks.late_addons(depends_on=[groups[cfg.system_pool.name].node_group])
 
     store = CheckpointStore("checkpoints", bucket=cfg.checkpoint_bucket,

@@ -142,3 +142,52 @@ def eks_regions() -> frozenset[str]:
     session = botocore.session.get_session()
     return frozenset(region for partition in session.get_available_partitions()
                      for region in session.get_available_regions("eks", partition_name=partition))
+
+
+# EKS's documented limit on the public endpoint's access list (EKS user guide, cluster-endpoint:
+# "You can specify up to 40 CIDR blocks"); UpdateClusterConfig/CreateCluster refuse more.
+PUBLIC_ACCESS_CIDRS_MAX = 40
+# Node label namespaces EKS and the kubelet keep for themselves (NodeRestriction admission refuses node
+# labels under kubernetes.io and k8s.io; EKS sets its own under eks.amazonaws.com).
+RESERVED_LABEL_DOMAINS = ("kubernetes.io", "k8s.io", "eks.amazonaws.com")
+MAX_TAINTS = 50  # aws_eks_node_group's taint MaxItems (terraform-provider-aws node_group.go), EKS's quota
+
+
+@lru_cache(maxsize=1)
+def eks_label_limits() -> dict[str, tuple[int, int]]:
+    """(min, max) lengths of node-group label and taint keys and values, from botocore's EKS model."""
+    import botocore.session
+
+    shapes = botocore.session.get_session().get_service_model("eks").shape_for
+    return {name: (shapes(name).metadata.get("min", 0), shapes(name).metadata["max"])
+            for name in ("labelKey", "labelValue", "taintKey", "taintValue")}
+
+
+def node_group_label_problems(kind: str, key: str, value: str) -> list[str]:
+    """What EKS's CreateNodegroup refuses of one label or taint (`kind`) that Kubernetes itself would take."""
+    limits, problems = eks_label_limits(), []
+    for part, text in (("Key", key), ("Value", value)):
+        low, high = limits[f"{kind}{part}"]
+        if not low <= len(text) <= high:
+            size = "empty" if not text else f"{len(text)} characters"
+            problems.append(f"{kind} {part.lower()} {text!r} of {key!r} is {size}; EKS takes {low} to {high} "
+                            f"characters{' (prefix included)' if part == 'Key' else ''}")
+    domain = key.partition("/")[0] if "/" in key else ""
+    if kind == "label" and any(domain == d or domain.endswith("." + d) for d in RESERVED_LABEL_DOMAINS):
+        problems.append(f"label key {key!r} is in {domain}, a namespace Kubernetes and EKS reserve for themselves "
+                        f"({', '.join(RESERVED_LABEL_DOMAINS)}); use a prefix of your own, e.g. example.com/")
+    return problems
+
+
+def tag_collisions(user_tags: dict[str, str], own_keys: tuple[str, ...]) -> list[str]:
+    """User tags that differ from the program's own, or from each other, only in case: IAM compares tag keys
+    case-insensitively and refuses the pair (CreateRole: "Duplicate tag keys found"), EC2 keeps both."""
+    problems, seen = [], {k.lower(): k for k in own_keys}
+    for key in user_tags:
+        other = seen.get(key.lower())
+        if other is not None:
+            whose = "the program's own tag" if other in own_keys else "another tag"
+            problems.append(f"tag {key!r} is {whose} {other!r} but for case; IAM takes tag keys case-insensitively "
+                            "and refuses both on one role: rename or drop it")
+        seen.setdefault(key.lower(), key)
+    return problems

@@ -22,20 +22,37 @@ class SubnetPlan:
     private_cidr: str
 
 
+# Each zone's subnets are numbered by the zone's letter (us-east-1c: c), never by its place in the zone
+# list: a zone added to or dropped from the network, or a GPU zone that moves, renumbers no other subnet
+# (cidr_block forces replacement, and the replacement is created while the old subnet still holds the CIDR).
+# Private /19 per letter a-d in 10.0.0.0/17, e-f in 10.0.192.0/18; public /24 per letter in 10.0.128.0/19.
+PRIVATE_SLOTS = {"a": 0, "b": 1, "c": 2, "d": 3, "e": 6, "f": 7}
+
+
+def zone_letter(az: str) -> str:
+    letter = az[-1:]
+    if letter not in PRIVATE_SLOTS:
+        raise ValueError(f"availability zone {az!r}: its subnets are numbered by the zone letter a-f, and "
+                         f"{letter!r} is not one; pick a zone ending in a-f")
+    return letter
+
+
 def plan_subnets(azs: list[str], vpc_cidr: str = VPC_CIDR) -> list[SubnetPlan]:
-    """One /19 private (pods take VPC addresses) and one /24 public subnet per AZ."""
+    """One /19 private (pods take VPC addresses) and one /24 public subnet per AZ, each a function of the zone."""
     if len(azs) < 2:
         raise ValueError(f"EKS needs subnets in at least two availability zones, got {azs}")
     vpc = ipaddress.ip_network(vpc_cidr)
     private = list(vpc.subnets(new_prefix=19))
-    public = list(list(vpc.subnets(new_prefix=17))[1].subnets(new_prefix=24))
-    if len(azs) > 4:
-        raise ValueError(f"at most 4 availability zones fit in {vpc_cidr}, got {len(azs)}")
-    return [SubnetPlan(az, str(public[i]), str(private[i])) for i, az in enumerate(azs)]
+    public = list(private[4].subnets(new_prefix=24))
+    letters = [zone_letter(az) for az in azs]
+    if len(set(letters)) != len(letters):
+        raise ValueError(f"availability zones {azs} share a zone letter; each needs its own")
+    return [SubnetPlan(az, str(public[ord(letter) - ord("a")]), str(private[PRIVATE_SLOTS[letter]]))
+            for az, letter in zip(azs, letters, strict=True)]
 
 
 class Network(pulumi.ComponentResource):
-    """VPC, subnets, one NAT gateway in the GPU AZ, and route tables."""
+    """VPC, subnets, one NAT gateway in the network's first zone by name, and route tables."""
 
     def __init__(self, name: str, *, azs: list[str], control_plane_azs: list[str], cluster_name: str, region: str,
                  s3_endpoint_policy: str, tags: dict[str, str], opts: pulumi.ResourceOptions | None = None):
@@ -69,7 +86,9 @@ class Network(pulumi.ComponentResource):
                 tags=tagged(f"private-{plan.az}", {**cluster_tag, "kubernetes.io/role/internal-elb": "1"}),
                 opts=child)
 
-        nat_az = azs[0]
+        # The first zone by name, not the GPU zone: a GPU zone that moves within the same zones keeps the NAT gateway
+        # (its subnet_id forces replacement).
+        nat_az = sorted(azs)[0]
         eip = aws.ec2.Eip(f"{name}-nat", domain="vpc", tags=tagged("nat"), opts=child)
         self.nat = aws.ec2.NatGateway(f"{name}-nat", allocation_id=eip.id,
                                       subnet_id=self.public_subnets[nat_az].id, tags=tagged("nat"),

@@ -42,8 +42,11 @@ class NodeGroup(pulumi.ComponentResource):
     def __init__(self, pool: NodePool, *, cluster_name: pulumi.Input[str], cluster_name_tag: str,
                  node_role_arn: pulumi.Input[str], subnet_ids: Sequence[pulumi.Input[str]],
                  availability_zone: str | None, security_group_ids: Sequence[pulumi.Input[str]],
-                 tags: dict[str, str], opts: pulumi.ResourceOptions | None = None):
-        """`security_group_ids` go on EFA interfaces; `cluster_name_tag` is the cluster's name as CA discovers it;
+                 tags: dict[str, str], kubernetes_version: str | None = None,
+                 opts: pulumi.ResourceOptions | None = None):
+        """`kubernetes_version`: the control plane's, which the nodes follow (EKS refuses the next control-plane
+        bump while node groups lag); `security_group_ids` go on EFA interfaces;
+        `cluster_name_tag` is the cluster's name as CA discovers it;
         `availability_zone` is the pool's zone when it has one (EFA, or pinned)."""
         name = pool.name
         super().__init__("raytrain:infra:NodeGroup", name, None, pulumi.ResourceOptions.merge(
@@ -57,9 +60,12 @@ class NodeGroup(pulumi.ComponentResource):
                 f"{name}-pg", strategy="cluster", tags={**tags, **zone_tag}, opts=child)
             placement_group_name = self.placement_group.name
 
+        # A change of tagSpecifications makes a new template version, which EKS rolls out to every node
+        # (the Ray head's and running jobs' included): the user's tags reach new instances when the template
+        # changes for another reason; the template's own tags, and the node group's, update in place.
         self.launch_template = aws.ec2.LaunchTemplate(f"{name}-lt", **pools.launch_template(
             pool, security_group_ids=list(security_group_ids), placement_group=placement_group_name, tags=tags),
-            opts=child)
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(ignore_changes=["tagSpecifications"])))
         group_tags = {**tags, **(discovery_tags(cluster_name_tag) if pool.scale_to_zero else {})}
         self.node_group = aws.eks.NodeGroup(
             f"{name}-ng",
@@ -69,6 +75,7 @@ class NodeGroup(pulumi.ComponentResource):
             # A launch template that names the instance type (Capacity Blocks) forbids instanceTypes here.
             instance_types=None if pool.capacity_type == "CAPACITY_BLOCK" else [pool.instance_type],
             ami_type=pools.ami_type(pool),
+            version=kubernetes_version,
             capacity_type=pool.capacity_type,
             labels=pools.node_labels(pool),
             taints=[aws.eks.NodeGroupTaintArgs(**t.node_group()) for t in pool.taints] or None,

@@ -58,6 +58,7 @@ class Reservation:
     state: str
     platform: str = "Linux/UNIX"
     start: str | None = None
+    available: int | None = None  # what others leave free (an On-Demand Capacity Reservation reports it)
 
 
 @dataclass(frozen=True)
@@ -129,9 +130,18 @@ def network_zones(zones: list[Zone], first: list[Zone], control_plane: int = 2) 
     return tuple(chosen)
 
 
-def reservation_problems(pool: NodePool, reservation: Reservation) -> list[str]:
-    """A reservation must hold the pool's type, enough instances, for Linux, and be usable now."""
+def reservation_problems(pool: NodePool, reservation: Reservation, own: int = 0) -> list[str]:
+    """A reservation must hold the pool's type, enough instances, for Linux, and be usable now.
+
+    Enough is what is free (AvailableInstanceCount) plus the `own` instances this stack's nodes already use:
+    instances of other workloads in a shared reservation leave the pool's node group short, not its total.
+    """
     key, problems = pool.key("capacityReservationId"), []
+    if reservation.available is not None and reservation.available + own < pool.max_size <= reservation.instance_count:
+        problems.append(f"{key}: {reservation.kind} {reservation.id} has {reservation.available} of "
+                        f"{reservation.instance_count} instance(s) free ({own} run this stack's nodes, others use the "
+                        f"rest), fewer than {pool.key('maxSize')} {pool.max_size} needs; lower it or free the "
+                        "reservation")
     if reservation.instance_type != pool.instance_type:
         problems.append(f"{key}: {reservation.kind} {reservation.id} holds {reservation.instance_type}, but "
                         f"{pool.key('instanceType')} is {pool.instance_type}; set it to {reservation.instance_type} "
@@ -171,15 +181,19 @@ def admin_problems(admin_role_arns: tuple[str, ...], caller_arn: str) -> list[st
 
 def quota_problems(needed: dict[tuple[str, str], tuple[int, NodePool]],
                    quotas: dict[tuple[str, str], float]) -> list[str]:
+    """The quota must hold the stack and, beside it, a replacement of its largest pool: Pulumi creates a
+    replaced node group (a new instance type, zone or template) before it deletes the old one."""
     problems = []
     for family, (vcpus, pool) in needed.items():
         code, name = VCPU_QUOTAS[family]
-        if family in quotas and quotas[family] < vcpus:
+        surge = pool.max_size * pool.instance.vcpus
+        if family in quotas and quotas[family] < vcpus + surge:
             problems.append(
-                f"{pool.key('maxSize')}: the stack runs {vcpus} vCPUs of \"{name}\" but the account's quota ({code}) is "
-                f"{quotas[family]:.0f}; node groups would fail to launch after the cluster exists. Request an "
-                f"increase: `aws service-quotas request-service-quota-increase --service-code ec2 --quota-code {code} "
-                f"--desired-value {vcpus}`, or lower it")
+                f"{pool.key('maxSize')}: the stack runs {vcpus} vCPUs of \"{name}\", and replacing pool {pool.name} "
+                f"(its new node group starts before the old one goes) needs {surge} more, {vcpus + surge} in all; the "
+                f"account's quota ({code}) is {quotas[family]:.0f}, so node groups would fail to launch after the "
+                f"cluster exists. Request an increase: `aws service-quotas request-service-quota-increase "
+                f"--service-code ec2 --quota-code {code} --desired-value {vcpus + surge}`, or lower it")
     return problems
 
 
@@ -213,9 +227,33 @@ def lookup_reservation(pool: NodePool, invoke: pulumi.InvokeOptions) -> Reservat
     # No pulumi_aws data source reads an On-Demand Capacity Reservation; Cloud Control does.
     found = json.loads(aws.cloudcontrol.get_resource(type_name="AWS::EC2::CapacityReservation", identifier=rid,
                                                      opts=invoke).properties)
+    available = found.get("AvailableInstanceCount")
     return Reservation(rid, "capacity reservation", found["AvailabilityZone"], found["InstanceType"],
                        int(found.get("TotalInstanceCount", found.get("InstanceCount", 0))),
-                       found.get("State", "active"), found.get("InstancePlatform", "Linux/UNIX"))
+                       found.get("State", "active"), found.get("InstancePlatform", "Linux/UNIX"),
+                       available=None if available is None else int(available))
+
+
+def lookup_own_instances(reservation_id: str, cluster_name: str, invoke: pulumi.InvokeOptions) -> int:
+    """How many of the reservation's instances this stack's nodes already run (they count as free for it)."""
+    found = aws.ec2.get_instances(
+        instance_state_names=["pending", "running"],
+        filters=[aws.ec2.GetInstancesFilterArgs(name="capacity-reservation-id", values=[reservation_id]),
+                 aws.ec2.GetInstancesFilterArgs(name="tag:eks:cluster-name", values=[cluster_name])], opts=invoke)
+    return len(found.ids)
+
+
+def offering_problems(pools: tuple[NodePool, ...], zones: tuple[Zone, ...], invoke: pulumi.InvokeOptions) -> list[str]:
+    """A pool spread over every private subnet needs its type offered in each of their zones: EKS refuses a node
+    group whose subnets lie in a zone without the type."""
+    problems = []
+    for pool in (p for p in pools if not p.single_zone):
+        offered = lookup_offered_zone_ids(pool.instance_type, invoke)
+        if missing := [z for z in zones if z.zone_id not in offered]:
+            problems.append(f"{pool.key('instanceType')}: {pool.instance_type} is not offered in "
+                            f"{', '.join(map(str, missing))}, where the pool's nodes go (every private subnet); pick a "
+                            f"type offered there or pin the pool to a zone that offers it ({pool.key('availabilityZone')})")
+    return problems
 
 
 def lookup_quotas(families, invoke: pulumi.InvokeOptions) -> dict[tuple[str, str], float]:
@@ -232,7 +270,7 @@ def lookup_quotas(families, invoke: pulumi.InvokeOptions) -> dict[tuple[str, str
 
 
 def survey(pools: tuple[NodePool, ...], *, region: str, gpu_zone: str | None, admin_role_arns: tuple[str, ...],
-           placeholders: tuple[str, ...], invoke: pulumi.InvokeOptions) -> Site:
+           placeholders: tuple[str, ...], invoke: pulumi.InvokeOptions, cluster_name: str = "") -> Site:
     """Every lookup and check; raises PreflightError naming each problem and its fix.
 
     `gpu_zone` (availabilityZone) places the EFA pools that name no zone of their own; the first
@@ -246,7 +284,8 @@ def survey(pools: tuple[NodePool, ...], *, region: str, gpu_zone: str | None, ad
     for pool in (p for p in pools if p.single_zone):
         reservation = lookup_reservation(pool, invoke)
         if reservation:
-            problems.extend(reservation_problems(pool, reservation))
+            own = lookup_own_instances(reservation.id, cluster_name, invoke) if reservation.available is not None else 0
+            problems.extend(reservation_problems(pool, reservation, own))
         offered = lookup_offered_zone_ids(pool.instance_type, invoke)
         if pool.availability_zone is not None:
             zone = choose_zone(pool, zones, offered, pool.availability_zone, pool.key("availabilityZone"),
@@ -267,9 +306,15 @@ def survey(pools: tuple[NodePool, ...], *, region: str, gpu_zone: str | None, ad
     problems.extend(admin_problems(admin_role_arns, caller))
     needed = vcpus_needed(pools)
     problems.extend(quota_problems(needed, lookup_quotas(needed, invoke)))
-    problems.raise_if_any(PreflightError)
     gpu = first_gpu_zone or next(iter(chosen.values()), None) or choose_default(zones)
-    return Site(gpu, network_zones(zones, [gpu, *chosen.values()]), caller, chosen)
+    try:
+        spanned = network_zones(zones, [gpu, *chosen.values()])
+    except PlacementError as err:
+        problems.extend(err.problems)
+    else:
+        problems.extend(offering_problems(pools, spanned, invoke))
+    problems.raise_if_any(PreflightError)
+    return Site(gpu, spanned, caller, chosen)
 
 
 def choose_default(zones: list[Zone]) -> Zone:

@@ -23,7 +23,10 @@ class CheckpointStore(pulumi.ComponentResource):
         bucket_args = {"bucket": bucket} if bucket else {"bucket_prefix": bucket_prefix}
         self.bucket = aws.s3.Bucket(
             f"{name}-bucket", force_destroy=not retain, tags=tags, **bucket_args,
-            opts=pulumi.ResourceOptions(parent=self, protect=retain, retain_on_delete=retain))
+            # A generated name is kept: bucketPrefix follows the cluster's name, and a rename would replace
+            # the bucket (bucket_prefix is ForceNew) and, unretained, delete every checkpoint.
+            opts=pulumi.ResourceOptions(parent=self, protect=retain, retain_on_delete=retain,
+                                        ignore_changes=None if bucket else ["bucketPrefix"]))
         aws.s3.BucketPublicAccessBlock(
             f"{name}-public-access", bucket=self.bucket.id, block_public_acls=True, block_public_policy=True,
             ignore_public_acls=True, restrict_public_buckets=True, opts=child)

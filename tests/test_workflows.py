@@ -174,14 +174,14 @@ def assumes_a_role_by_oidc(workflow: dict, variable: str) -> None:
     (creds,) = uses(workflow, "aws-actions/configure-aws-credentials")
     assert creds["with"]["role-to-assume"] == "${{ vars.%s }}" % variable
     assert creds["with"]["aws-region"] == "${{ vars.AWS_REGION }}"
-    (job,) = workflow["jobs"].values()
+    (job,) = [j for j in workflow["jobs"].values() if "id-token" in j.get("permissions", {})]
     assert job["permissions"]["id-token"] == "write"
 
 
 def test_preview_comments_each_stacks_diff_with_the_policy_pack():
     workflow = load("preview.yml")
     assert set(triggers(workflow)) == {"pull_request"} and workflow["permissions"] == {}
-    (job,) = workflow["jobs"].values()
+    job = workflow["jobs"]["preview"]
     assert job["permissions"] == {"id-token": "write", "contents": "read", "pull-requests": "write"}
     assert job["strategy"]["matrix"]["stack"] == STACKS
     assumes_a_role_by_oidc(workflow, "AWS_PREVIEW_ROLE_ARN")
@@ -196,6 +196,21 @@ def test_preview_comments_each_stacks_diff_with_the_policy_pack():
     setup = next(i for i, s in enumerate(order) if "policy/venv/bin/pip install -q -r policy/requirements.txt" in s)
     assert "python3 -m venv .venv-infra && .venv-infra/bin/pip install -q -r requirements.txt" in order[setup]
     assert setup < next(i for i, s in enumerate(order) if s.startswith("pulumi/actions"))
+
+
+def test_every_pull_request_gets_the_offline_update_diff_forks_included():
+    """No secrets, no OIDC, no `if`: a fork's pull request sees what the change would do to a deployed stack."""
+    job = load("preview.yml")["jobs"]["update-diff"]
+    assert "if" not in job and job["permissions"] == {"contents": "read"}
+    assert job["strategy"]["matrix"]["stack"] == STACKS
+    text = yaml.safe_dump(job)
+    assert "secrets." not in text and "configure-aws-credentials" not in text
+    checkouts = [s for s in job["steps"] if s.get("uses", "").startswith("actions/checkout@")]
+    assert [c["with"].get("ref") for c in checkouts] == [None, "${{ github.event.pull_request.base.sha }}"]
+    assert all(c["with"]["persist-credentials"] is False for c in checkouts)
+    (script,) = [s["run"] for s in job["steps"] if "--compare-to" in s.get("run", "")]
+    assert '--out "$RUNNER_TEMP/base"' in script and '--compare-to "$RUNNER_TEMP/base"' in script
+    assert "$GITHUB_STEP_SUMMARY" in script and "${{" not in script  # inputs reach the shell as env only
 
 
 def test_pulumi_cli_version_matches_the_sdk_pin():

@@ -15,7 +15,6 @@ the small system node.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -55,11 +54,17 @@ SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 # launch, so it may never be scaled away and its GPU node keeps billing.
 AUTOSCALER_VERSION = "v2"
 AUTOSCALED_WORKER_RESTART_POLICY = "Never"
-# With a scaled pool `pulumi up` leaves spec.workerGroupSpecs to KubeRay's autoscaler (ignoreChanges):
-# the v1.7.0 CRD gives that list no x-kubernetes-list-type, so server-side apply treats it as one
-# atomic field that the autoscaler's replica patches take over. This digest of the worker group as
-# declared makes a change to it visible, and a replacement of the RayCluster, instead of lost.
-WORKER_GROUP_DIGEST = "raytrain.io/worker-group-sha256"
+# A spec change must reach every Ray pod at once: without an upgrade strategy KubeRay keeps running pods
+# on their old template and gives only pods created later the new one, so head and workers could run
+# different images and Ray versions. KubeRay v1.7.0's Recreate (raycluster_controller.go,
+# shouldRecreatePodsForUpgrade) deletes every pod when the hash of the spec, replicas and workersToDelete
+# left out, or the operator's version differs from the head pod's: the autoscaler's replicas recreate nothing.
+UPGRADE_STRATEGY = {"type": "Recreate"}
+# spec.workerGroupSpecs has no x-kubernetes-list-type in the v1.7.0 CRD: server-side apply treats it as one
+# atomic field, which the autoscaler's replica patches co-own on scaled stacks. Pulumi declares the whole
+# spec (never ignoreChanges: the engine would build every later object from the OLD stored worker groups)
+# and takes the field back when the spec changes; an unchanged spec is not applied, so the replicas stay.
+PATCH_FORCE = "pulumi.com/patchForce"
 
 # Nothing in Ray needs a Linux capability (KubeRay's own restricted samples drop ALL); EFA devices
 # come from the device plugin and NCCL over EFA runs under the runtime's default set, which has no
@@ -198,22 +203,16 @@ def worker_scaling(group: WorkerGroup) -> dict[str, int]:
     return {"replicas": group.max_replicas, "minReplicas": group.min_replicas, "maxReplicas": group.max_replicas}
 
 
-def metadata(settings: Workloads, spec: dict | None = None) -> dict:
-    """Autoscaled, and with the spec at hand, the worker groups' digest is an annotation (see WORKER_GROUP_DIGEST)."""
+def metadata(settings: Workloads) -> dict:
+    """Scaled stacks: Pulumi's apply wins the worker groups back from the autoscaler's patches (PATCH_FORCE)."""
     meta = {
         "name": settings.ray_cluster_name,
         "namespace": settings.namespace,
         "labels": {"app.kubernetes.io/part-of": settings.project},
     }
-    if settings.autoscaled and spec is not None:
-        meta["annotations"] = {WORKER_GROUP_DIGEST: worker_group_digest(spec)}
+    if settings.autoscaled:
+        meta["annotations"] = {PATCH_FORCE: "true"}
     return meta
-
-
-def worker_group_digest(spec: dict) -> str:
-    """sha256 of the declared worker groups, canonical JSON."""
-    text = json.dumps(spec["workerGroupSpecs"], sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def worker_group(settings: Workloads, group: WorkerGroup, image: str) -> dict:
@@ -259,6 +258,7 @@ def spec(settings: Workloads, *, image: str, checkpoint_uri: str) -> dict:
     autoscaled = settings.autoscaled
     result = {
         "rayVersion": settings.ray_version,
+        "upgradeStrategy": dict(UPGRADE_STRATEGY),
         "authOptions": {"mode": "token"},
         "enableInTreeAutoscaling": autoscaled,
         "headGroupSpec": {
@@ -277,4 +277,4 @@ def spec(settings: Workloads, *, image: str, checkpoint_uri: str) -> dict:
 def manifest(settings: Workloads, *, image: str, checkpoint_uri: str) -> dict:
     """The whole ray.io/v1 RayCluster object."""
     body = spec(settings, image=image, checkpoint_uri=checkpoint_uri)
-    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata(settings, body), "spec": body}
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata(settings), "spec": body}

@@ -2,12 +2,9 @@
 the Ray namespace's NetworkPolicies, three Helm releases (four with the Cluster
 Autoscaler, when a node pool scales to zero) and the RayCluster.
 
-When a node pool scales to zero, KubeRay's autoscaler owns the RayCluster's worker groups (see
-raycluster.WORKER_GROUP_DIGEST): `pulumi up` ignores changes to spec.workerGroupSpecs, which
-pulumi-kubernetes implements for server-side apply by leaving out of its apply a field another
-manager owns, or resending the live value (provider/pkg/await/await.go, handleSSAIgnoreFields),
-so an update never resets the autoscaler's replicas nor conflicts with it; a change to the worker
-group itself changes the digest annotation, which replaces the RayCluster.
+The RayCluster is declared whole on every stack and carries KubeRay's `upgradeStrategy: Recreate`
+(raycluster.UPGRADE_STRATEGY): a change of its spec recreates every Ray pod from the new spec; with a
+pool that scales to zero, an unchanged spec is never applied, so the autoscaler's replicas stay.
 
 Every object here depends on the node groups (and CoreDNS) it is given, so `pulumi
 destroy` removes everything inside the cluster before any node group goes, and the
@@ -29,14 +26,6 @@ IRSA_ANNOTATION = charts.IRSA_ANNOTATION
 # Pod Security Admission: refuses privileged, hostNetwork and hostPath pods in the Ray namespace.
 RAY_NAMESPACE_LABELS = {"pod-security.kubernetes.io/enforce": "baseline"}
 HELM_TIMEOUT_S = 900
-# Autoscaled: the worker groups are the autoscaler's; its declared form is tracked by the digest annotation,
-# and the RayCluster (same name) is deleted before it is created again.
-RAYCLUSTER_AUTOSCALED_OPTIONS = {
-    "ignore_changes": ["spec.workerGroupSpecs"],
-    "replace_on_changes": [f'metadata.annotations["{raycluster.WORKER_GROUP_DIGEST}"]'],
-    "delete_before_replace": True,
-}
-
 
 class RayWorkloads(pulumi.ComponentResource):
     """Device plugins, KubeRay operator and the digest-pinned RayCluster on an existing EKS cluster."""
@@ -121,8 +110,6 @@ class RayWorkloads(pulumi.ComponentResource):
             lambda a: raycluster.manifest(settings, image=a[0], checkpoint_uri=a[1]))
         cluster_opts = in_cluster(self.namespace, self.service_account, *self.network_policies,
                                   *self.releases.values())
-        if settings.autoscaled:
-            cluster_opts = pulumi.ResourceOptions.merge(cluster_opts, pulumi.ResourceOptions(**RAYCLUSTER_AUTOSCALED_OPTIONS))
         self.ray_cluster = k8s.apiextensions.CustomResource(
             f"{name}-raycluster",
             api_version=raycluster.API_VERSION,

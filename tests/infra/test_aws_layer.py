@@ -55,11 +55,12 @@ def test_gpu_nodes_use_only_the_private_subnet_of_the_gpu_az(dev):
 
 
 def test_gpu_az_is_picked_from_the_offerings_by_zone_id_and_the_configured_one_is_checked():
-    mocks = offline.RecordingMocks("us-east-1", offered_zones=["us-east-1c", "us-east-1d"])
+    mocks = offline.RecordingMocks("us-east-1", offered_by_type={"g6.12xlarge": ["us-east-1c", "us-east-1d"]})
     result = run_stack(mocks=mocks)
     assert result.outputs["gpuAvailabilityZone"] == "us-east-1c"
     assert result.outputs["gpuAvailabilityZoneId"] == "use1-az6"
-    token, args = next(c for c in result.calls if "getInstanceTypeOfferings" in c[0])
+    token, args = next(c for c in result.calls if "getInstanceTypeOfferings" in c[0]
+                       and c[1]["filters"][0]["values"] == ["g6.12xlarge"])
     assert args["filters"][0]["values"] == ["g6.12xlarge"] and args["locationType"] == "availability-zone-id"
     # the control plane still gets a second AZ
     assert len({s.inputs["availabilityZone"] for s in result.of_type(SUBNET)}) == 2

@@ -131,7 +131,32 @@ def test_a_vcpu_quota_too_small_is_refused_with_the_request_command():
     mocks = offline.RecordingMocks("us-east-1", quotas={"L-417A185B": 192})
     (problem,) = preflight_problems(mocks, gpuNodeType="p5.48xlarge")
     assert '384 vCPUs of "Running On-Demand P instances"' in problem and "quota (L-417A185B) is 192" in problem
-    assert "request-service-quota-increase --service-code ec2 --quota-code L-417A185B --desired-value 384" in problem
+    assert "request-service-quota-increase --service-code ec2 --quota-code L-417A185B --desired-value 768" in problem
+
+
+def test_the_quota_counts_the_surge_of_a_replaced_pool():
+    """A quota that holds the stack, but not the replacement node group Pulumi starts before deleting the old."""
+    mocks = offline.RecordingMocks("us-east-1", quotas={"L-417A185B": 384})
+    (problem,) = preflight_problems(mocks, gpuNodeType="p5.48xlarge")
+    assert "replacing pool gpu" in problem and "needs 384 more, 768 in all" in problem
+    run_stack(mocks=offline.RecordingMocks("us-east-1", quotas={"L-417A185B": 768}), gpuNodeType="p5.48xlarge")
+
+
+def test_a_reservation_others_use_is_judged_by_what_is_free():
+    mocks = offline.RecordingMocks("us-east-1", reservations={CR: reservation(AvailableInstanceCount=1)})
+    problems = preflight_problems(mocks, capacityReservationId=CR)
+    assert any("has 1 of 2 instance(s) free" in p and "raytrain-eks:gpuNodeCount 2" in p for p in problems), problems
+    lookup = offline.RecordingMocks("us-east-1", reservations={CR: reservation(AvailableInstanceCount=2)})
+    result = run_stack(mocks=lookup, capacityReservationId=CR)
+    (args,) = [a for t, a in result.calls if t == "aws:ec2/getInstances:getInstances"]
+    assert {"name": "tag:eks:cluster-name", "values": ["raytrain-eks-dev"]} in args["filters"]
+
+
+def test_every_pools_type_must_be_offered_where_its_nodes_go():
+    """The system pool spans every private subnet; its type missing from one of their zones fails CreateNodegroup."""
+    mocks = offline.RecordingMocks("us-east-1", offered_by_type={"m7i.xlarge": ["us-east-1a", "us-east-1b"]})
+    (problem,) = preflight_problems(mocks)
+    assert problem.startswith("raytrain-eks:systemNodeType: m7i.xlarge is not offered in us-east-1c")
 
 
 def test_spot_is_checked_against_the_spot_quota():

@@ -401,13 +401,12 @@ def test_the_head_advertises_no_cpus_to_ray():
     assert head["rayStartParams"]["num-cpus"] == "0" and head["rayStartParams"]["num-gpus"] == "0"
 
 
-def test_the_worker_group_digest_follows_the_worker_group_only():
-    first = autoscaled()
-    digest = first["metadata"]["annotations"][raycluster.WORKER_GROUP_DIGEST]
-    assert digest == raycluster.worker_group_digest(first["spec"]) and len(digest) == 64
-    assert autoscaled(gpuIdleTimeoutMinutes=30)["metadata"]["annotations"][raycluster.WORKER_GROUP_DIGEST] == digest
-    other_image = raycluster.manifest(settings("dev", scaleToZero=True), image=IMAGE.replace("ab", "cd"),
-                                      checkpoint_uri=CHECKPOINTS)
-    assert other_image["metadata"]["annotations"][raycluster.WORKER_GROUP_DIGEST] != digest
-    assert autoscaled(gpuNodeCount=3)["metadata"]["annotations"][raycluster.WORKER_GROUP_DIGEST] != digest
+def test_every_stack_kind_recreates_its_pods_on_a_spec_change():
+    """KubeRay v1.7.0 keeps running pods on their old template unless upgradeStrategy is Recreate; the
+    scaled stack's apply takes the worker groups back from the autoscaler's patches (pulumi.com/patchForce)."""
+    for manifest in (build(), autoscaled()):
+        assert manifest["spec"]["upgradeStrategy"] == {"type": "Recreate"}
+    assert autoscaled()["metadata"]["annotations"] == {raycluster.PATCH_FORCE: "true"}
     assert "annotations" not in build()["metadata"]
+
+

@@ -306,16 +306,14 @@ def autoscaled_registrations():
     return run, seen["ray"]
 
 
-def test_an_update_leaves_the_worker_group_to_the_autoscaler(autoscaled_registrations):
-    """pulumi-kubernetes' SSA update drops an ignoreChanges field another manager owns, or resends the live value
-    (provider/pkg/await/await.go handleSSAIgnoreFields): never the declared list without the autoscaler's replicas."""
+def test_an_update_declares_the_whole_raycluster_on_a_scaled_stack(autoscaled_registrations):
+    """No ignoreChanges: the engine would build every later RayCluster from the OLD stored worker groups
+    (pulumi/pulumi#2657); KubeRay's Recreate strategy and patchForce carry a new spec to every pod instead."""
     run, request = autoscaled_registrations
-    assert list(request.ignoreChanges) == ["spec.workerGroupSpecs"]
-    assert list(request.replaceOnChanges) == ['metadata.annotations["raytrain.io/worker-group-sha256"]']
-    assert request.deleteBeforeReplace is True
+    assert list(request.ignoreChanges) == [] and list(request.replaceOnChanges) == []
     inputs = offline.plain(run.result.one(RAYCLUSTER).inputs)
-    assert inputs["metadata"]["annotations"] == {
-        raycluster.WORKER_GROUP_DIGEST: raycluster.worker_group_digest(inputs["spec"])}
+    assert inputs["metadata"]["annotations"] == {raycluster.PATCH_FORCE: "true"}
+    assert inputs["spec"]["upgradeStrategy"] == {"type": "Recreate"}
 
 
 def test_fixed_clusters_keep_pulumi_owning_the_worker_group(dev_run):
