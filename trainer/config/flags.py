@@ -76,6 +76,11 @@ def positive(v: Any) -> str | None:
     return None if v is None or v > 0 else "must be positive"
 
 
+def _seed(v: Any) -> str | None:
+    return None if v is None or 0 <= v < 2**64 else \
+        f"must be from 0 to {2**64 - 1} (torch seeds its generators with 64 bits)"
+
+
 def _beta(v: Any) -> str | None:
     return None if 0.0 <= v < 1.0 else "must be at least 0 and below 1 (a moment's decay per step, e.g. 0.9 or 0.95)"
 
@@ -190,7 +195,7 @@ class TrainConfig:
     grad_clip: float = setting(1.0, "clip the global gradient norm to this value (0 disables)",
                                check=lambda v: None if v >= 0 else "must be 0 (off) or positive",
                                trl=("max_grad_norm",), aliases=("clip_grad",))
-    seed: int = setting(0, "random seed (model init, data order)", check=not_negative, trl=("seed",))
+    seed: int = setting(0, "random seed (model init, data order)", check=_seed, trl=("seed",))
     log_every: int = setting(10, "log metrics (metrics.jsonl, --report-to backends, Ray) every N steps",
                              check=at_least(1), trl=("logging_steps",), aliases=("log_steps",), result=False)
     report_to: str = setting("tensorboard", "metrics backends, comma-separated: tensorboard, wandb, mlflow, or none "

@@ -20,7 +20,8 @@ from trainer.data.formats import Renderer
 from trainer.data.packing import DataError, DataSpec, check_records, load_records, prepare, tokenizer_fingerprint
 from trainer.data.packing import summary as data_summary
 from trainer.jobs.cluster import ClusterError, check_capacity, check_reachable
-from trainer.loop.metrics import missing_backends
+from trainer.jobs.failures import failure_summary, retryable, user_error
+from trainer.loop.metrics import credential_problems, missing_backends
 from trainer.loop.run import CHAT_TEMPLATE_KEY, train_func
 from trainer.model.build import check_architecture
 from trainer.model.errors import ModelSourceError
@@ -88,6 +89,9 @@ def preflight(cfg: TrainConfig, storage_filesystem: Any = None, *, full_data: bo
         except Exception as e:  # noqa: BLE001 - any failure to load it means the job cannot tokenize
             which = "tokenizer" if cfg.tokenizer else "model"
             problems.append(f"{flag(which)}: cannot load its tokenizer ({first_line(e)})")
+        problems += vocabulary_problems(cfg, tokenizer, info.get("vocab_size"))
+    if full_data:  # where the job runs (`trainer submit` checks here without the job's --env)
+        problems += credential_problems(cfg.reporters)
     try:
         _check_data(cfg, tokenizer, fs_for(cfg.dataset), info, full_data=full_data, for_run=for_run)
     except DataError as e:
@@ -106,6 +110,16 @@ def preflight(cfg: TrainConfig, storage_filesystem: Any = None, *, full_data: bo
     return info
 
 
+def vocabulary_problems(cfg: TrainConfig, tokenizer, vocab_size: int | None) -> list[str]:
+    """A tokenizer with more tokens than the model's embedding has rows: its high ids fail on the workers."""
+    if tokenizer is None or not isinstance(vocab_size, int) or len(tokenizer) <= vocab_size:
+        return []
+    which = flag("tokenizer") if cfg.tokenizer else flag("model")
+    return [f"{which}: the tokenizer has {len(tokenizer)} tokens, more than the model's vocabulary (vocab_size = "
+            f"{vocab_size} in {flag('model')}'s config.json): token ids {vocab_size} and up index past its embedding "
+            f"(an IndexError on every worker); use the model's own tokenizer, or a model whose vocabulary covers it"]
+
+
 def _check_model(cfg: TrainConfig, fs_for: Callable[[str], Any], info: dict, problems: list[str]) -> bool:
     """The model's config (and --seq-len against it), architecture and weight headers; --tokenizer's config.
 
@@ -114,6 +128,7 @@ def _check_model(cfg: TrainConfig, fs_for: Callable[[str], Any], info: dict, pro
     try:
         mcfg = read_model_config(cfg.model, storage_fs=fs_for(cfg.model))
         info["model_type"] = getattr(mcfg, "model_type", "?")
+        info["vocab_size"] = getattr(mcfg, "vocab_size", None)
         limit = getattr(mcfg, "max_position_embeddings", None)
         if limit and cfg.seq_len > limit:
             problems.append(f"{flag('seq_len')} = {cfg.seq_len} exceeds the model's maximum sequence length "
@@ -196,39 +211,6 @@ def build_trainer(cfg: TrainConfig, storage_filesystem: Any = None, *, quiet: bo
     )
 
 
-def user_error(error: BaseException) -> UserError | None:
-    """The user error behind a failed fit (the lowest rank's), or None: such a run fails alike on every retry."""
-    from ray.train import ControllerError, WorkerGroupError
-
-    if isinstance(error, UserError):
-        return error
-    if isinstance(error, WorkerGroupError):
-        found = [e for _, e in sorted(error.worker_failures.items()) if isinstance(e, UserError)]
-        return found[0] if found else None
-    if isinstance(error, ControllerError):
-        from ray.train.v2._internal.exceptions import InsufficientClusterResourcesError
-
-        if isinstance(error.controller_failure, InsufficientClusterResourcesError):
-            return ClusterError(str(error.controller_failure).replace("\n", " "))
-    return None
-
-
-def retryable(error: BaseException) -> bool:
-    """Worker, node and storage failures: a worker group that failed without a user error."""
-    from ray.train import WorkerGroupError
-
-    return isinstance(error, WorkerGroupError) and user_error(error) is None
-
-
-def _failure_summary(error: BaseException) -> str:
-    from ray.train import WorkerGroupError
-
-    if isinstance(error, WorkerGroupError) and error.worker_failures:
-        rank, first = min(error.worker_failures.items())
-        return f"rank {rank}: {first_line(first)}"
-    return first_line(error)
-
-
 def train(cfg: TrainConfig, storage_filesystem: Any = None, *, check: bool = True, quiet: bool = False,
           inputs: dict | None = None):
     """Pre-flight and the cluster's size, then fit on the connected Ray cluster; returns Ray's Result.
@@ -236,8 +218,8 @@ def train(cfg: TrainConfig, storage_filesystem: Any = None, *, check: bool = Tru
     Ray Train retries every worker failure alike (its failure policy is not pluggable), a bad
     record or config included, each retry failing the same way. So Ray retries nothing, and
     this loop fits the same run name again (a resume from its last complete checkpoint) only
-    after a worker, node or storage failure, up to --max-failures times. A user error from
-    any worker is raised at once (a UserError: exit 2).
+    after a machine failed (trainer.jobs.failures), up to --max-failures times. Any other
+    failure of a worker is raised at once (a UserError: exit 2).
     """
 
     if check:
@@ -258,7 +240,7 @@ def train(cfg: TrainConfig, storage_filesystem: Any = None, *, check: bool = Tru
             if not retryable(e) or failures >= cfg.max_failures:
                 raise
             failures += 1
-            print(f"attempt {failures} failed ({_failure_summary(e)}); restarting from the last complete checkpoint "
+            print(f"attempt {failures} failed ({failure_summary(e)}); restarting from the last complete checkpoint "
                   f"(retry {failures} of --max-failures {cfg.max_failures})", file=sys.stderr, flush=True)
 
 
