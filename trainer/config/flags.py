@@ -28,6 +28,7 @@ from typing import Any, Callable, Mapping, Sequence
 from facts import nodes as node_facts
 from facts import ray as ray_facts
 from facts.errors import Problems, ProblemsError
+from facts.reading import clip
 from trainer.cache import default_dir
 
 AUTO = "auto"
@@ -414,7 +415,7 @@ def validate(cfg: TrainConfig) -> None:
 
     def add(name: str, why: str) -> None:
         value = getattr(cfg, name)
-        shown = "" if value in ("", None) else f" = {value!r}"
+        shown = "" if value in ("", None) else f" = {clip(value)}"
         problems.append(f"{flag(name)} ({name}){shown}: {why}")
         bad.add(name)
 
