@@ -159,7 +159,8 @@ class TrainConfig:
     chat_template: str | None = setting(None, "Jinja chat template file (local or s3://) to use instead of the "
                                               "tokenizer's", trl=("chat_template_path",),
                                         shown_default="the tokenizer's")
-    seq_len: int = setting(2048, "packed sequence length in tokens", check=at_least(1),
+    seq_len: int = setting(2048, "packed sequence length in tokens",
+                           check=at_least(2, " (a row of one token has no next token to learn)"),
                            trl=("max_length", "max_seq_length"), aliases=("sequence_length",))
     overlong: str = setting("truncate", "records longer than --seq-len: truncate (keep their start) or drop; both "
                                         "are counted and reported", choices=("truncate", "drop"))

@@ -80,6 +80,10 @@ def preflight(cfg: TrainConfig, storage_filesystem: Any = None, *, full_data: bo
             template = read_chat_template(cfg.chat_template, fs_for(cfg.chat_template))
         except ValueError as e:
             problems.append(f"{flag('chat_template')} {e}")
+    cache_where = location_problem(cfg.resolved_cache_dir)
+    if cache_where:  # before anything is downloaded or tokenized into it
+        named = flag("cache_dir") if cfg.cache_dir else f"{flag('cache_dir')} (unset: TRAINER_CACHE or the default)"
+        problems.append(f"{named} {cfg.resolved_cache_dir}: {cache_where}; pass a folder this user can write")
     where = location_problem(cfg.run_uri, fs_for(cfg.run_uri)) if for_run else None
     if where:
         problems.append(f"{flag('out')} {cfg.run_uri} (--storage-path/--run-name): {where}")
