@@ -27,6 +27,7 @@ from trainer.model.build import check_architecture
 from trainer.model.errors import ModelSourceError
 from trainer.model.sources import check_weights, read_model_config, tokenizer_only
 from trainer.run_folder import checkpoint as ckpt
+from trainer.run_folder import lock as run_lock
 from trainer.run_folder import resume
 from trainer.storage import Storage, location_problem
 
@@ -230,6 +231,11 @@ def train(cfg: TrainConfig, storage_filesystem: Any = None, *, check: bool = Tru
         inputs = preflight(cfg, storage_filesystem)["inputs"]
     check_capacity(cfg.num_workers, cfg.use_gpu, cfg.pool)
     run = Storage.from_uri(cfg.run_uri, fs=storage_filesystem)
+    with run_lock.held(run, cfg.resolved_run_name):  # one run at a time trains into a run folder
+        return _fit_with_retries(cfg, run, storage_filesystem, quiet=quiet, inputs=inputs)
+
+
+def _fit_with_retries(cfg: TrainConfig, run: Storage, storage_filesystem: Any, *, quiet: bool, inputs: dict | None):
     failures = 0
     while True:
         note = ckpt.repair_ray_record(run)  # every attempt: Ray's controller reads the record at its start
@@ -288,6 +294,7 @@ def main(argv: Sequence[str]) -> int:
               file=sys.stderr)
 
     check_reachable(address)  # seconds, before the pre-flight reads the data
+    run_lock.check_free(Storage.from_uri(cfg.run_uri), cfg.resolved_run_name)
     info = preflight(cfg)
     print_notes(info)
     connect(address)
