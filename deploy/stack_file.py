@@ -13,7 +13,8 @@ from typing import Any
 
 import yaml
 
-from facts.errors import ProblemsError
+from facts.errors import ProblemsError, first_line
+from facts.reading import BoundedYaml, InputLimit, decode_utf8
 
 
 class StackFileError(ProblemsError):
@@ -31,8 +32,8 @@ class StackFile:
     secrets: list[str] = field(default_factory=list)  # keys with secure: values
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that remembers where each mapping key was and refuses duplicates."""
+class _Loader(BoundedYaml, yaml.SafeLoader):
+    """SafeLoader that remembers where each mapping key was and refuses duplicates, bounded (facts.reading)."""
 
     def construct_mapping(self, node, deep=False):
         seen: dict[Any, int] = {}
@@ -50,11 +51,16 @@ class _Loader(yaml.SafeLoader):
 
 def read(path: Path) -> StackFile:
     """Parse a stack file; raises StackFileError naming the file, the line and the fix."""
-    text = path.read_text()
-    loader = _Loader(text)
-    loader.duplicates, loader.key_lines = [], {}
+    if path.is_dir():
+        raise StackFileError(path, [f"{path} is a folder, not a stack file; pass the Pulumi.<stack>.yaml file"])
+    loader = None
     try:
+        loader = _Loader(decode_utf8(path.read_bytes()))
+        loader.duplicates, loader.key_lines = [], {}
         data = loader.get_single_data()
+    except (OSError, InputLimit) as err:
+        raise StackFileError(path, [str(err) if isinstance(err, InputLimit) else f"cannot be read "
+                                    f"({first_line(err)})"]) from None
     except yaml.constructor.ConstructorError as err:
         mark = err.problem_mark
         raise StackFileError(path, [f"line {mark.line + 1}: {err.problem}; Pulumi stack files hold plain values: "
@@ -65,8 +71,9 @@ def read(path: Path) -> StackFile:
         what = getattr(err, "problem", None) or str(err)
         raise StackFileError(path, [f"{where}: not valid YAML ({what}); fix the indentation or quoting there"]) from None
     finally:
-        loader.dispose()
-    problems = list(loader.duplicates)
+        if loader is not None:
+            loader.dispose()
+    problems = [*loader.duplicates, *getattr(loader, "yaml11", [])]
     data = {} if data is None else data
     if not isinstance(data, dict):
         raise StackFileError(path, [f"the file holds a {type(data).__name__}, not a mapping with a config: section"])

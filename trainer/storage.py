@@ -7,6 +7,7 @@ RunConfig(storage_filesystem=...) is the one checkpoints go through here too.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 from dataclasses import dataclass
@@ -67,10 +68,25 @@ class Storage:
         return self.read_bytes(*parts).decode()
 
     def write_bytes(self, data: bytes, *parts: str) -> None:
+        """The file whole or not at all: locally a temporary file, synced, then renamed over the target (a full
+        disk or a crash leaves the previous content); an object store's PUT is atomic already."""
         target = self.path(*parts)
         self.fs.create_dir(posixpath.dirname(target), recursive=True)
-        with self.fs.open_output_stream(target) as f:
-            f.write(data)
+        if not self.is_local:
+            with self.fs.open_output_stream(target) as f:
+                f.write(data)
+            return
+        tmp = f"{target}.tmp-{os.getpid()}"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
     def write_text(self, text: str, *parts: str) -> None:
         self.write_bytes(text.encode(), *parts)

@@ -27,12 +27,23 @@ CASES = [
     (HEADER.replace("us-east-1", "us-north-1"), ["aws:region: 'us-north-1' is not a region where AWS offers EKS",
                                                   "line 2"]),
     ("just a string\n", ["holds a str, not a mapping"]),
+    # issue 29: YAML 1.1 surprises, bytes that are not UTF-8, nesting and alias bombs end in one error line
+    (HEADER + "  raytrain-eks:gpuNodeCount: 010\n", ["Pulumi.s.yaml", "line 5: '010' is a number YAML 1.1 reads",
+                                                    "write it in plain decimal, or quote it"]),
+    (HEADER + "  raytrain-eks:enableEfaSupport: yes\n", ["line 5: 'yes' is a boolean only in YAML 1.1", "write true or false"]),
+    (HEADER + "  raytrain-eks:gpuNodeType: p5\udce9\n", ["line 5: byte b'\\xe9' is not UTF-8",
+                                                                           "save the file as UTF-8"]),
+    (HEADER + "  raytrain-eks:nodePools: " + "[" * 5000 + "]" * 5000 + "\n",
+     ["line 5: nested more than 64 levels deep"]),
+    (HEADER + "  a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"  {chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n" for i in range(8)),
+     ["holds more than 100,000 values with its aliases (*name) expanded"]),
 ]
 
 
 @pytest.mark.parametrize("text,words", CASES, ids=[f"case-{i}" for i in range(len(CASES))])
 def test_stack_file_mistakes_exit_2_naming_where_and_the_fix(tmp_path, monkeypatch, capsys, text, words):
-    (tmp_path / "Pulumi.s.yaml").write_text(text)
+    (tmp_path / "Pulumi.s.yaml").write_bytes(text.encode(errors="surrogateescape"))
     monkeypatch.setattr(plan, "REPO_ROOT", tmp_path)
     assert plan.main(["--stack", "s", "--out", str(tmp_path / "out")]) == 2
     captured = capsys.readouterr()
@@ -41,6 +52,14 @@ def test_stack_file_mistakes_exit_2_naming_where_and_the_fix(tmp_path, monkeypat
     for word in words:
         assert word in captured.err, captured.err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_stack_file_that_is_a_folder_is_named_not_a_traceback(tmp_path, monkeypatch, capsys):
+    (tmp_path / "Pulumi.s.yaml").mkdir()
+    monkeypatch.setattr(plan, "REPO_ROOT", tmp_path)
+    assert plan.main(["--stack", "s"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: Pulumi.s.yaml") and "is a folder, not a stack file" in err and "Traceback" not in err
 
 
 def test_the_shipped_stacks_plan_and_flag_their_placeholder(capsys):

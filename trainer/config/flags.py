@@ -28,6 +28,7 @@ from typing import Any, Callable, Mapping, Sequence
 from facts import nodes as node_facts
 from facts import ray as ray_facts
 from facts.errors import Problems, ProblemsError
+from facts.reading import clip
 from trainer.cache import default_dir
 
 AUTO = "auto"
@@ -74,6 +75,11 @@ def not_negative(v: Any) -> str | None:
 
 def positive(v: Any) -> str | None:
     return None if v is None or v > 0 else "must be positive"
+
+
+def _seed(v: Any) -> str | None:
+    return None if v is None or 0 <= v < 2**64 else \
+        f"must be from 0 to {2**64 - 1} (torch seeds its generators with 64 bits)"
 
 
 def _beta(v: Any) -> str | None:
@@ -153,7 +159,8 @@ class TrainConfig:
     chat_template: str | None = setting(None, "Jinja chat template file (local or s3://) to use instead of the "
                                               "tokenizer's", trl=("chat_template_path",),
                                         shown_default="the tokenizer's")
-    seq_len: int = setting(2048, "packed sequence length in tokens", check=at_least(1),
+    seq_len: int = setting(2048, "packed sequence length in tokens",
+                           check=at_least(2, " (a row of one token has no next token to learn)"),
                            trl=("max_length", "max_seq_length"), aliases=("sequence_length",))
     overlong: str = setting("truncate", "records longer than --seq-len: truncate (keep their start) or drop; both "
                                         "are counted and reported", choices=("truncate", "drop"))
@@ -190,7 +197,7 @@ class TrainConfig:
     grad_clip: float = setting(1.0, "clip the global gradient norm to this value (0 disables)",
                                check=lambda v: None if v >= 0 else "must be 0 (off) or positive",
                                trl=("max_grad_norm",), aliases=("clip_grad",))
-    seed: int = setting(0, "random seed (model init, data order)", check=not_negative, trl=("seed",))
+    seed: int = setting(0, "random seed (model init, data order)", check=_seed, trl=("seed",))
     log_every: int = setting(10, "log metrics (metrics.jsonl, --report-to backends, Ray) every N steps",
                              check=at_least(1), trl=("logging_steps",), aliases=("log_steps",), result=False)
     report_to: str = setting("tensorboard", "metrics backends, comma-separated: tensorboard, wandb, mlflow, or none "
@@ -410,7 +417,7 @@ def validate(cfg: TrainConfig) -> None:
 
     def add(name: str, why: str) -> None:
         value = getattr(cfg, name)
-        shown = "" if value in ("", None) else f" = {value!r}"
+        shown = "" if value in ("", None) else f" = {clip(value)}"
         problems.append(f"{flag(name)} ({name}){shown}: {why}")
         bad.add(name)
 

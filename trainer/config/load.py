@@ -16,7 +16,8 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
-from facts.errors import Problems
+from facts.errors import Problems, first_line
+from facts.reading import BoundedYaml, InputLimit, clip, clip_text, decode_utf8, odd_characters
 from trainer.config import trl
 from trainer.config.flags import (
     EXTRA_ARGUMENTS,
@@ -41,7 +42,9 @@ def did_you_mean(name: str) -> str:
     aliases = {alias: own for own, f in FLAGS.items() for alias in f.aliases}
     close = [aliases[name]] if name in aliases else difflib.get_close_matches(name, sorted(close_names()), n=1,
                                                                              cutoff=0.75)
-    return f" (did you mean {close[0]!r}?)" if close else f"; known keys: {', '.join(sorted(FLAGS))}"
+    hint = f" (did you mean {close[0]!r}?)" if close else f"; known keys: {', '.join(sorted(FLAGS))}"
+    odd = odd_characters(name)
+    return f"{hint}; {odd}" if odd else hint
 
 
 def add_arguments(parser: argparse.ArgumentParser, defaults: Mapping[str, Any] | None = None) -> None:
@@ -66,14 +69,49 @@ def add_arguments(parser: argparse.ArgumentParser, defaults: Mapping[str, Any] |
         parser.add_argument(flag(name), **kwargs)
 
 
+class _Loader(BoundedYaml, yaml.SafeLoader):
+    """SafeLoader bounded as facts.reading says, refusing a key given twice (the last one would win silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                if key not in seen:
+                    seen[key] = line
+                    continue
+            except TypeError:  # an unhashable key: SafeLoader names it
+                continue
+            self.duplicates.append(f"line {line}: key {clip(key)} is given twice (also on line {seen[key]}); "
+                                   f"the last one would silently win. Keep one")
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_yaml(path: str) -> dict[str, Any]:
+    """A --config file's mapping; ConfigError naming the file, the line and the fix for anything else."""
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError([f"--config {path}: is a folder; pass the path of a YAML file with configuration keys"])
     if not p.is_file():
         raise ConfigError([f"--config {path}: file not found; pass the path of a YAML file with configuration keys"])
+    loader = None
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        loader = _Loader(decode_utf8(p.read_bytes()))
+        loader.duplicates = []
+        data = loader.get_single_data() or {}
+    except (OSError, InputLimit) as e:
+        raise ConfigError([f"--config {path}: {e if isinstance(e, InputLimit) else first_line(e)}"]) from None
     except yaml.YAMLError as e:
-        raise ConfigError([f"--config {path}: not valid YAML ({e})"]) from None
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        what = clip_text(getattr(e, "problem", None) or str(e), 200)
+        raise ConfigError([f"--config {path}: not valid YAML{where} ({what})"]) from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+    if loader.duplicates or getattr(loader, "yaml11", None):
+        raise ConfigError([f"--config {path} {p}" for p in [*loader.duplicates, *getattr(loader, "yaml11", [])]])
     if not isinstance(data, dict):
         raise ConfigError([f"--config {path}: expected a mapping of configuration keys, got {type(data).__name__}"])
     return data
@@ -112,7 +150,7 @@ def coerce(name: str, value: Any, problems: Problems, source: str) -> Any:
             pass
     if kind == "str":
         return str(value)
-    problems.append(f"{source} {name}: {value!r} is not a valid {kind}")
+    problems.append(f"{source} {name}: {clip(value)} is not a valid {kind}")
     return None
 
 
@@ -130,7 +168,7 @@ def merge(yaml_values: Mapping[str, Any], flag_values: Mapping[str, Any],
     own, mapped, hf = trl.translate(given, yaml_source, ours, problems)
     for name in given:
         if name not in ours and not trl.is_hf_key(name):
-            problems.append(f"{yaml_source} key {original[name]!r}: unknown configuration key{did_you_mean(name)}")
+            problems.append(f"{yaml_source} key {clip(original[name])}: unknown configuration key{did_you_mean(name)}")
     for name, value in {**mapped, **own}.items():
         if name == "out":
             values.update(split_out(str(value)))

@@ -223,6 +223,14 @@ def _spans_to_mask(offsets: list[tuple[int, int]], spans: list[tuple[int, int]])
     return mask
 
 
+def _empty_turn(message: dict) -> bool:
+    """An assistant message with no text (blank, or content parts without any) and no tool calls."""
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "".join(str(p.get("text") or "") for p in content if isinstance(p, dict))
+    return not (content or "").strip() and not message.get("tool_calls")
+
+
 def _common_prefix(a: list[int], b: list[int]) -> int:
     n = 0
     for x, y in zip(a, b, strict=False):
@@ -325,7 +333,11 @@ class Renderer:
 
     def _eos(self, text: str) -> str:
         eos = self.tok.eos_token
-        return text if not eos or text.endswith(eos) else text + eos
+        if not eos:
+            raise DataError("the tokenizer has no EOS token (eos_token is unset), so text and completion records "
+                            "would end without one and the model would never learn to stop; use a tokenizer that "
+                            "has one (--tokenizer), or set eos_token in its tokenizer_config.json")
+        return text if text.endswith(eos) else text + eos
 
     def _encode_text(self, ex: Example) -> tuple[list[int], list[bool]]:
         ids = list(self.tok(text=self._eos(ex.text))["input_ids"])
@@ -358,6 +370,10 @@ class Renderer:
         if not any(m["role"] == "assistant" for m in messages):
             raise RecordError(f"{ex.where} field messages: no assistant message to learn from (roles: "
                               f"{', '.join(m['role'] for m in messages)}); add one, or pass --train-on all")
+        if all(_empty_turn(m) for m in messages if m["role"] == "assistant"):
+            raise RecordError(f"{ex.where} field messages: every assistant message is empty, so only the end of "
+                              f"the turn would be trained (the model learns to answer nothing); fill them in, or "
+                              f"remove the record")
         if self.generation_markers:
             out = self.tok.apply_chat_template(messages, tokenize=True, return_dict=True,
                                                return_assistant_tokens_mask=True, **kw)

@@ -32,7 +32,7 @@ from trainer.data.formats import DataError, Example, RecordError, Renderer, to_e
 __all__ = ["DataError", "RecordError", "DataSpec", "PackedData", "prepare", "pack", "load_records", "check_records"]
 
 IGNORE_INDEX = -100
-FORMAT_VERSION = 3  # 3: TRL formats and masks, sources through datasets
+FORMAT_VERSION = 4  # 4: no record with only empty assistant turns, no text without EOS; 3: TRL formats and masks
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -166,12 +167,82 @@ def undecodable(source: Source, err: UnicodeDecodeError) -> DataError:
                      f"field); save the data as UTF-8")
 
 
+MAX_JSON_DEPTH = 64  # a record is a few levels of fields; pyarrow's JSON reader crashes the process on 10,000
+_JSON_STRING = re.compile(rb'"(?:[^"\\\n]|\\.)*"')
+_BRACKETS = re.compile(rb"[\[\]{}]")
+
+
+def _json_files(source: Source) -> list[Path]:
+    """The uncompressed JSON files `datasets` will read for a local file or folder source."""
+    if source.kind not in ("file", "folder"):
+        return []
+    path = Path(source.path)
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and ".cache" not in p.parts)
+    return [f for f in files if builder_for(f.name) == "json" and not f.name.endswith(_COMPRESSION)]
+
+
+def json_too_deep(file: Path, limit: int = MAX_JSON_DEPTH) -> tuple[int, int] | None:
+    """(line, depth) where `file`'s JSON nests deeper than `limit`, or None; strings are skipped, not parsed.
+
+    A line is only walked bracket by bracket when its brackets could reach the limit, so a
+    dataset of ordinary records costs a count per line.
+    """
+    depth = 0
+    lines_alone = file.name.endswith((".jsonl", ".ndjson"))
+    with file.open("rb") as f:
+        for n, line in enumerate(f, 1):
+            depth = 0 if lines_alone else max(depth, 0)
+            if b'"' in line:
+                line = _JSON_STRING.sub(b'""', line)
+            opens = line.count(b"[") + line.count(b"{")
+            if depth + opens <= limit:
+                depth += opens - line.count(b"]") - line.count(b"}")
+                continue
+            for bracket in _BRACKETS.findall(line):
+                depth += 1 if bracket in b"[{" else -1
+                if depth > limit:
+                    return n, depth
+    return None
+
+
+def check_json_depth(source: Source) -> None:
+    """DataError naming the file and line of a record nested deeper than MAX_JSON_DEPTH, before `datasets` reads it."""
+    for file in _json_files(source):
+        found = json_too_deep(file)
+        if found:
+            raise DataError(f"{source.label}: {file.name} line {found[0]} nests more than {MAX_JSON_DEPTH} levels of "
+                            f"lists and objects; a record is a few levels of fields (messages, role, content): "
+                            f"fix or remove that record")
+
+
+def json_error_line(source: Source) -> str | None:
+    """`FILE line N: why` of the first line of a JSON Lines file that is not JSON, for `datasets`' line-less error."""
+    for file in _json_files(source):
+        if not file.name.endswith((".jsonl", ".ndjson")):
+            continue
+        with file.open("rb") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    json.loads(line)
+                except ValueError as e:
+                    why = e.msg if isinstance(e, json.JSONDecodeError) else first_line(e)
+                    column = f", column {e.colno}" if isinstance(e, json.JSONDecodeError) else ""
+                    return f"{file.name} line {n}{column} is not JSON ({why})"
+    return None
+
+
 def open_dataset(source: Source, *, streaming: bool = False, cache_dir: str | Path | None = None):
     """A datasets.Dataset (or IterableDataset when streaming) of the source's split."""
     import datasets
 
+    check_json_depth(source)
     datasets.disable_progress_bars()  # the trainer reports its own progress; these would flood job logs
     kw: dict[str, Any] = {"cache_dir": str(Path(cache_dir) / "datasets")} if cache_dir else {}
+    quiet = logging.getLogger("datasets")  # its readers log the error they raise; the DataError below names it
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
     try:
         if source.kind == "saved":
             loaded = _saved_split(datasets.load_from_disk(source.path), source)
@@ -190,8 +261,13 @@ def open_dataset(source: Source, *, streaming: bool = False, cache_dir: str | Pa
             raise DataError(f"{source.label}: not a local file or folder, and loading it from the Hugging Face "
                             f"hub failed ({first_line(_root(e))}); check the id, --dataset-config and --dataset-split, "
                             f"network access, and HF_TOKEN for gated datasets") from None
+        bad_line = json_error_line(source) if source.builder in (None, "json") else None
+        if bad_line:
+            raise DataError(f"{source.label}: {bad_line}; fix or remove that line") from None
         raise DataError(f"{source.label}: `datasets` cannot read it ({first_line(_root(e))}); check the file's format "
                         f"and --dataset-split (a single file has the split 'train')") from None
+    finally:
+        quiet.setLevel(level)
 
 
 _SPLIT = re.compile(r"^([\w.-]+)(?:\[(-?\d*):(-?\d*)\])?$")

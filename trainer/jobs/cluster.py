@@ -39,20 +39,68 @@ def gcs_endpoint(address: str | None, environ: Mapping[str, str] | None = None) 
     return host.strip("[]"), int(port)
 
 
+# HTTP/2's client preface and an empty SETTINGS frame: a gRPC server (Ray's GCS) answers with its own SETTINGS
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+H2_SETTINGS = 0x4
+
+
 def check_reachable(address: str | None, timeout: float = CONNECT_TIMEOUT_S,
                     environ: Mapping[str, str] | None = None) -> None:
-    """A TCP connection to the GCS within `timeout`, or ClusterError naming the address."""
-    endpoint = gcs_endpoint(address, environ)
+    """The GCS answers as gRPC (HTTP/2) does within `timeout`, or ClusterError naming the address and what answered.
+
+    A TCP connection alone proves nothing: `ray.init` retries without end against a port where something
+    else listens. So the check speaks the first step of the GCS's protocol (gRPC over HTTP/2: the client
+    preface, to which a server replies with a SETTINGS frame) with a deadline. With RAY_USE_TLS the GCS speaks
+    TLS first: then only the connection is checked.
+    """
+    env = os.environ if environ is None else environ
+    endpoint = gcs_endpoint(address, env)
     if endpoint is None:
         return
     host, port = endpoint
+    fix = "check the address (the Ray head's GCS port, 6379 by default), or that the cluster is up (`ray status`)"
     try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return
+        with socket.create_connection((host, port), timeout=timeout) as conn:
+            if env.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+                return
+            answer = _first_answer(conn, timeout)
     except OSError as e:
         raise ClusterError(f"--address {host}:{port}: nothing answers there within {timeout:.0f} s "
-                           f"({first_line(e)}); check the address (the Ray head's GCS port, 6379 by default), "
-                           f"or that the cluster is up (`ray status`)") from None
+                           f"({first_line(e)}); {fix}") from None
+    problem = not_grpc(answer, timeout)
+    if problem:
+        raise ClusterError(f"--address {host}:{port}: not a Ray cluster: {problem}; {fix}")
+
+
+def _first_answer(conn: socket.socket, timeout: float) -> bytes | None:
+    """What the server sends back to the HTTP/2 preface within `timeout` (None: silence; b"": it hung up)."""
+    conn.settimeout(timeout)
+    try:
+        conn.sendall(H2_PREFACE)
+        return conn.recv(256)
+    except socket.timeout:
+        return None
+    except ConnectionError:
+        return b""
+
+
+def not_grpc(answer: bytes | None, timeout: float) -> str | None:
+    """Why `answer` is not an HTTP/2 server's (a gRPC server's) reply to the preface, naming what answered; None if it is."""
+    if answer is None:
+        return f"it accepts connections but says nothing within {timeout:.0f} s where Ray's GCS answers at once"
+    if not answer:
+        return "it closed the connection at the first bytes of Ray's protocol (gRPC)"
+    if len(answer) >= 9 and answer[3] == H2_SETTINGS:
+        return None
+    if answer.startswith(b"HTTP/") or answer.lstrip()[:1] == b"<":
+        line = answer.split(b"\n", 1)[0].strip().decode("latin-1")[:60]
+        return (f"an HTTP/1 server answers ({line!r}); a dashboard or other web server, not the GCS (for the "
+                f"dashboard, use `trainer submit --address http://HOST:PORT`)")
+    if answer.startswith((b"-ERR", b"+", b"-NOAUTH")):
+        return f"a Redis-like server answers ({answer[:40]!r})"
+    if answer[:1] == b"\x15" or answer[:1] == b"\x16":
+        return "a TLS server answers (if this is a Ray cluster with TLS, set RAY_USE_TLS=1 and its certificates)"
+    return f"something that does not speak gRPC answers (first bytes {answer[:24]!r})"
 
 
 def ceilings(current: Mapping[str, float], autoscaler_max: Mapping[str, float] | None) -> tuple[dict, str]:

@@ -20,13 +20,15 @@ from trainer.data.formats import Renderer
 from trainer.data.packing import DataError, DataSpec, check_records, load_records, prepare, tokenizer_fingerprint
 from trainer.data.packing import summary as data_summary
 from trainer.jobs.cluster import ClusterError, check_capacity, check_reachable
+from trainer.jobs.failures import failure_summary, retryable, user_error
 from trainer.jobs.plan import run_refusal
-from trainer.loop.metrics import missing_backends
+from trainer.loop.metrics import credential_problems, missing_backends
 from trainer.loop.run import CHAT_TEMPLATE_KEY, train_func
 from trainer.model.build import check_architecture
 from trainer.model.errors import ModelSourceError
 from trainer.model.sources import check_weights, read_model_config, tokenizer_only
 from trainer.run_folder import checkpoint as ckpt
+from trainer.run_folder import lock as run_lock
 from trainer.run_folder import resume
 from trainer.storage import Storage, location_problem
 
@@ -80,6 +82,10 @@ def preflight(cfg: TrainConfig, storage_filesystem: Any = None, *, full_data: bo
             template = read_chat_template(cfg.chat_template, fs_for(cfg.chat_template))
         except ValueError as e:
             problems.append(f"{flag('chat_template')} {e}")
+    cache_where = location_problem(cfg.resolved_cache_dir)
+    if cache_where:  # before anything is downloaded or tokenized into it
+        named = flag("cache_dir") if cfg.cache_dir else f"{flag('cache_dir')} (unset: TRAINER_CACHE or the default)"
+        problems.append(f"{named} {cfg.resolved_cache_dir}: {cache_where}; pass a folder this user can write")
     where = location_problem(cfg.run_uri, fs_for(cfg.run_uri)) if for_run else None
     if where:
         problems.append(f"{flag('out')} {cfg.run_uri} (--storage-path/--run-name): {where}")
@@ -89,6 +95,9 @@ def preflight(cfg: TrainConfig, storage_filesystem: Any = None, *, full_data: bo
         except Exception as e:  # noqa: BLE001 - any failure to load it means the job cannot tokenize
             which = "tokenizer" if cfg.tokenizer else "model"
             problems.append(f"{flag(which)}: cannot load its tokenizer ({first_line(e)})")
+        problems += vocabulary_problems(cfg, tokenizer, info.get("vocab_size"))
+    if full_data:  # where the job runs (`trainer submit` checks here without the job's --env)
+        problems += credential_problems(cfg.reporters)
     try:
         _check_data(cfg, tokenizer, fs_for(cfg.dataset), info, full_data=full_data, for_run=for_run)
     except DataError as e:
@@ -107,6 +116,16 @@ def preflight(cfg: TrainConfig, storage_filesystem: Any = None, *, full_data: bo
     return info
 
 
+def vocabulary_problems(cfg: TrainConfig, tokenizer, vocab_size: int | None) -> list[str]:
+    """A tokenizer with more tokens than the model's embedding has rows: its high ids fail on the workers."""
+    if tokenizer is None or not isinstance(vocab_size, int) or len(tokenizer) <= vocab_size:
+        return []
+    which = flag("tokenizer") if cfg.tokenizer else flag("model")
+    return [f"{which}: the tokenizer has {len(tokenizer)} tokens, more than the model's vocabulary (vocab_size = "
+            f"{vocab_size} in {flag('model')}'s config.json): token ids {vocab_size} and up index past its embedding "
+            f"(an IndexError on every worker); use the model's own tokenizer, or a model whose vocabulary covers it"]
+
+
 def _check_model(cfg: TrainConfig, fs_for: Callable[[str], Any], info: dict, problems: list[str]) -> bool:
     """The model's config (and --seq-len against it), architecture and weight headers; --tokenizer's config.
 
@@ -115,6 +134,7 @@ def _check_model(cfg: TrainConfig, fs_for: Callable[[str], Any], info: dict, pro
     try:
         mcfg = read_model_config(cfg.model, storage_fs=fs_for(cfg.model))
         info["model_type"] = getattr(mcfg, "model_type", "?")
+        info["vocab_size"] = getattr(mcfg, "vocab_size", None)
         limit = getattr(mcfg, "max_position_embeddings", None)
         if limit and cfg.seq_len > limit:
             problems.append(f"{flag('seq_len')} = {cfg.seq_len} exceeds the model's maximum sequence length "
@@ -200,39 +220,6 @@ def build_trainer(cfg: TrainConfig, storage_filesystem: Any = None, *, quiet: bo
     )
 
 
-def user_error(error: BaseException) -> UserError | None:
-    """The user error behind a failed fit (the lowest rank's), or None: such a run fails alike on every retry."""
-    from ray.train import ControllerError, WorkerGroupError
-
-    if isinstance(error, UserError):
-        return error
-    if isinstance(error, WorkerGroupError):
-        found = [e for _, e in sorted(error.worker_failures.items()) if isinstance(e, UserError)]
-        return found[0] if found else None
-    if isinstance(error, ControllerError):
-        from ray.train.v2._internal.exceptions import InsufficientClusterResourcesError
-
-        if isinstance(error.controller_failure, InsufficientClusterResourcesError):
-            return ClusterError(str(error.controller_failure).replace("\n", " "))
-    return None
-
-
-def retryable(error: BaseException) -> bool:
-    """Worker, node and storage failures: a worker group that failed without a user error."""
-    from ray.train import WorkerGroupError
-
-    return isinstance(error, WorkerGroupError) and user_error(error) is None
-
-
-def _failure_summary(error: BaseException) -> str:
-    from ray.train import WorkerGroupError
-
-    if isinstance(error, WorkerGroupError) and error.worker_failures:
-        rank, first = min(error.worker_failures.items())
-        return f"rank {rank}: {first_line(first)}"
-    return first_line(error)
-
-
 def train(cfg: TrainConfig, storage_filesystem: Any = None, *, check: bool = True, quiet: bool = False,
           inputs: dict | None = None):
     """Pre-flight and the cluster's size, then fit on the connected Ray cluster; returns Ray's Result.
@@ -240,14 +227,19 @@ def train(cfg: TrainConfig, storage_filesystem: Any = None, *, check: bool = Tru
     Ray Train retries every worker failure alike (its failure policy is not pluggable), a bad
     record or config included, each retry failing the same way. So Ray retries nothing, and
     this loop fits the same run name again (a resume from its last complete checkpoint) only
-    after a worker, node or storage failure, up to --max-failures times. A user error from
-    any worker is raised at once (a UserError: exit 2).
+    after a machine failed (trainer.jobs.failures), up to --max-failures times. Any other
+    failure of a worker is raised at once (a UserError: exit 2).
     """
 
     if check:
         inputs = preflight(cfg, storage_filesystem)["inputs"]
     check_capacity(cfg.num_workers, cfg.use_gpu, cfg.pool)
     run = Storage.from_uri(cfg.run_uri, fs=storage_filesystem)
+    with run_lock.held(run, cfg.resolved_run_name):  # one run at a time trains into a run folder
+        return _fit_with_retries(cfg, run, storage_filesystem, quiet=quiet, inputs=inputs)
+
+
+def _fit_with_retries(cfg: TrainConfig, run: Storage, storage_filesystem: Any, *, quiet: bool, inputs: dict | None):
     failures = 0
     while True:
         note = ckpt.repair_ray_record(run)  # every attempt: Ray's controller reads the record at its start
@@ -262,7 +254,7 @@ def train(cfg: TrainConfig, storage_filesystem: Any = None, *, check: bool = Tru
             if not retryable(e) or failures >= cfg.max_failures:
                 raise
             failures += 1
-            print(f"attempt {failures} failed ({_failure_summary(e)}); restarting from the last complete checkpoint "
+            print(f"attempt {failures} failed ({failure_summary(e)}); restarting from the last complete checkpoint "
                   f"(retry {failures} of --max-failures {cfg.max_failures})", file=sys.stderr, flush=True)
 
 
@@ -306,6 +298,7 @@ def main(argv: Sequence[str]) -> int:
               file=sys.stderr)
 
     check_reachable(address)  # seconds, before the pre-flight reads the data
+    run_lock.check_free(Storage.from_uri(cfg.run_uri), cfg.resolved_run_name)
     info = preflight(cfg)
     print_notes(info)
     connect(address)

@@ -161,6 +161,49 @@ def missing_backends(names: Sequence[str]) -> list[str]:
     return [n for n in names if n in BACKEND_PACKAGES and importlib.util.find_spec(BACKEND_PACKAGES[n]) is None]
 
 
+WANDB_MODES = ("online", "offline", "dryrun", "disabled", "shared", "run")  # wandb_settings.Settings.mode
+
+
+def credential_problems(names: Sequence[str], environ: dict | None = None) -> list[str]:
+    """What a --report-to backend will refuse on the workers for want of credentials, found before Ray.
+
+    wandb: WANDB_MODE must be one it knows; online (its default), it needs an API key
+    (WANDB_API_KEY, WANDB_IDENTITY_TOKEN_FILE, or a netrc entry for its host, as `wandb login`
+    writes), else wandb.init raises UsageError on every worker; offline or disabled it needs none.
+    """
+    env = os.environ if environ is None else environ
+    if "wandb" not in names:
+        return []
+    mode = (env.get("WANDB_MODE") or "online").strip().lower()
+    if mode not in WANDB_MODES:
+        return [f"--report-to wandb: WANDB_MODE={mode[:40]!r} is not a wandb mode; set it to one of "
+                f"{', '.join(WANDB_MODES[:4])}"]
+    if mode in ("offline", "dryrun", "disabled"):
+        return []
+    token_file = env.get("WANDB_IDENTITY_TOKEN_FILE")
+    if env.get("WANDB_API_KEY", "").strip() or (token_file and Path(token_file).is_file()) or _netrc_has(env):
+        return []
+    host = env.get("WANDB_BASE_URL") or "https://api.wandb.ai"
+    return [f"--report-to wandb: no wandb credentials (WANDB_MODE {mode}): neither WANDB_API_KEY, "
+            f"WANDB_IDENTITY_TOKEN_FILE nor a netrc entry for {host} is set, so wandb.init would fail on every "
+            f"worker; set WANDB_API_KEY (with `trainer submit`, --env WANDB_API_KEY=...), run `wandb login`, "
+            f"or set WANDB_MODE=offline"]
+
+
+def _netrc_has(env: dict) -> bool:
+    """Whether the netrc file wandb reads (NETRC, else ~/.netrc) holds a password for wandb's host."""
+    import netrc
+    from urllib.parse import urlsplit
+
+    path = env.get("NETRC") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".netrc")
+    host = urlsplit(env.get("WANDB_BASE_URL") or "https://api.wandb.ai").netloc
+    try:
+        found = netrc.netrc(path).authenticators(host)
+    except (OSError, netrc.NetrcParseError):
+        return False
+    return bool(found and found[2])
+
+
 def _scalars(metrics: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items()
             if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}

@@ -53,6 +53,7 @@ from typing import Iterator
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 
 from trainer.storage import Storage
 
@@ -236,6 +237,17 @@ class CheckpointError(RuntimeError):
     """A checkpoint could not be written completely (it has no marker and is never resumed from), or not read."""
 
 
+def _why(error: BaseException) -> str:
+    """`Type: message` of a failed write; DCP's CheckpointException (a BaseException: a full disk raises one
+    from dcp.save, which `except Exception` misses) by the error it wraps."""
+    failures = getattr(error, "failures", None)
+    if isinstance(error, CheckpointException) and isinstance(failures, dict) and failures:
+        inner = next(iter(failures.values()))
+        error = inner[0] if isinstance(inner, tuple) and inner and isinstance(inner[0], BaseException) else error
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0][:300] if text else ''}"
+
+
 def _gather(value):
     """Every rank's value, in rank order (a collective)."""
     if not (dist.is_available() and dist.is_initialized()):
@@ -312,8 +324,8 @@ def save(storage: Storage, step: int, model, optimizer, scheduler, data_position
                 _write_hashed(json.dumps(state, indent=1).encode(), folder / TRAIN_STATE, digests)
                 required = _required_files(folder, world)
             digests = {Path(p).relative_to(folder).as_posix(): h for p, h in digests.items()}
-    except Exception as e:  # noqa: BLE001 - reported to every rank below, then raised
-        error = f"{type(e).__name__}: {e}"
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - reported to every rank below, then raised
+        error = _why(e)
     outcomes = _gather((error, digests))
     failures = [(r, err) for r, (err, _) in enumerate(outcomes) if err]
     verdict = "; ".join(f"rank {r}: {err}" for r, err in failures) or None

@@ -112,24 +112,49 @@ def _which_files(a: dict, b: dict) -> str:
     return f" ({', '.join(changed[:5])}{', ...' if len(changed) > 5 else ''})" if changed else ""
 
 
+class TornRecord(ValueError):
+    """run.json is there but cannot be read: what the run was started with is unknown."""
+
+
 def recorded(run_storage) -> dict | None:
-    """The run.json of a run folder that has something to resume from (a checkpoint or an export)."""
-    try:
-        if not run_storage.exists(RUN_RECORD):
-            return None
-        has_state = bool(ckpt.names(run_storage)) or run_storage.is_dir(EXPORT_DIR)
-        record = json.loads(run_storage.read_text(RUN_RECORD)) if has_state else None
-    except (OSError, ValueError):
+    """The run.json of a run folder that has something to resume from (a checkpoint or an export).
+
+    TornRecord when it is there but is not a JSON object (a write cut short): a resume could not be checked.
+    """
+    if not run_storage.exists(RUN_RECORD):
         return None
-    return record if isinstance(record, dict) else None
+    if not (ckpt.names(run_storage) or run_storage.is_dir(EXPORT_DIR)):
+        return None
+    try:
+        raw = run_storage.read_bytes(RUN_RECORD)
+    except OSError as e:
+        raise TornRecord(f"{run_storage.path(RUN_RECORD)} cannot be read ({type(e).__name__}: {e})") from None
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        raise TornRecord(f"{run_storage.path(RUN_RECORD)} is not JSON ({len(raw)} bytes, as a write cut short "
+                         f"leaves it)") from None
+    if not isinstance(record, dict):
+        raise TornRecord(f"{run_storage.path(RUN_RECORD)} holds a {type(record).__name__}, not a run record")
+    return record
 
 
 def check(cfg: TrainConfig, now: dict, run_storage) -> list[str]:
     """Refuse (ConfigError) to resume a run started with other inputs, unless --resume-anyway.
 
-    Returns the differences it let through (to log), else [].
+    A run.json that cannot be read is refused too (what the run was started with is unknown), unless
+    --resume-anyway. Returns the differences it let through (to log), else [].
     """
-    record = recorded(run_storage)
+    try:
+        record = recorded(run_storage)
+    except TornRecord as e:
+        if cfg.resume_anyway:
+            return [f"{e}, so the inputs were not compared"]
+        raise ConfigError([
+            f"{cfg.run_uri}: this run folder holds checkpoints, but {e}, so whether this resume continues it with the "
+            f"inputs it was started with cannot be checked. Start a new run instead: another {flag('run_name')} (or "
+            f"{flag('out')} FOLDER); or pass {flag('resume_anyway')} to continue this one unchecked (run.json is "
+            f"then written again)"]) from None
     if record is None:
         return []
     then = record.get("inputs") or {"settings": {k: v for k, v in (record.get("config") or {}).items()
