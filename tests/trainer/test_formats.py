@@ -112,8 +112,12 @@ def test_conversational_prompt_completion_matches_trl_completion_only_loss(model
             {"prompt": [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}],
              "completion": [{"role": "assistant", "content": "yo"}], "tools": None}]
     reference = trl_tokenized(model, tok, rows, tmp_path)  # TRL's default for prompt/completion: completion only
-    assert ours(tok, rows) == reference
+    assert ours(tok, rows, "completion_only") == reference
     assert trained_text(tok, *reference[1]) == "yo<|im_end|>\n"
+    # --train-on completion is TRL's assistant_only_loss: the completion's assistant turns, not its tool message
+    assistant_only = trl_tokenized(model, tok, rows, tmp_path, assistant_only_loss=True)
+    assert ours(tok, rows) == assistant_only != reference
+    assert "18C<|im_end|>" not in trained_text(tok, *assistant_only[0]) and "18C." in trained_text(tok, *assistant_only[0])
     assert ours(tok, rows, "all") == trl_tokenized(model, tok, rows, tmp_path, completion_only_loss=False)
 
 

@@ -32,6 +32,7 @@ from trainer.cache import default_dir
 
 AUTO = "auto"
 REPORT_TO = ("tensorboard", "wandb", "mlflow")
+TRAIN_ON = ("completion", "completion_only", "all")
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -148,11 +149,16 @@ class TrainConfig:
                                       check=lambda v: None if v else "must not be empty",
                                       trl=("dataset_text_field",))
     train_on: str = setting("completion", "trained tokens: completion (prompt/completion completions and assistant "
-                                          "turns; text records: all) or all",
-                            choices=("completion", "all"), trl=("assistant_only_loss", "completion_only_loss"))
-    chat_template: str | None = setting(None, "Jinja chat template file (local or s3://) to use instead of the "
-                                              "tokenizer's", trl=("chat_template_path",),
-                                        shown_default="the tokenizer's")
+                                          "turns; text records: all), completion_only (prompt/completion "
+                                          "completions; messages and text: all, TRL's default) or all",
+                            choices=TRAIN_ON, trl=("assistant_only_loss", "completion_only_loss"),
+                            shown_default="`completion`; a TRL YAML: `completion_only`")
+    chat_template: str | None = setting(None, "Jinja chat template to use instead of the tokenizer's: a file (local "
+                                              "or s3://) or the template itself (text with Jinja tags)",
+                                        trl=("chat_template_path",), shown_default="the tokenizer's")
+    eos_token: str | None = setting(None, "the tokenizer's end-of-sequence token instead of its own (appended to text "
+                                          "and completions; the exported model stops on it); must be in the vocabulary",
+                                    trl=("eos_token",), shown_default="the tokenizer's")
     seq_len: int = setting(2048, "packed sequence length in tokens", check=at_least(1),
                            trl=("max_length", "max_seq_length"), aliases=("sequence_length",))
     overlong: str = setting("truncate", "records longer than --seq-len: truncate (keep their start) or drop; both "
@@ -248,6 +254,8 @@ class TrainConfig:
                                        "weights (a model without weight files is an error otherwise)")
     resume_anyway: bool = setting(False, "continue a run whose folder holds a run started with other settings, "
                                          "data or model (refused otherwise, listing what differs)", result=False)
+    # not a flag: where each setting came from (flag, YAML key, TRL's default, this trainer's default), for run.json
+    sources: dict = field(default_factory=dict, compare=False, metadata={})
 
     @property
     def reporters(self) -> tuple[str, ...]:
@@ -298,7 +306,7 @@ class TrainConfig:
     def result_defaults(cls) -> dict[str, Any]:
         """The declared default of each setting that changes the result, from this class's own fields
         (a subclass's or a newer flag's included), for comparing with a record that predates one."""
-        return {f.name: declared_default(f) for f in fields(cls) if f.metadata["flag"].result}
+        return {f.name: declared_default(f) for f in fields(cls) if "flag" in f.metadata and f.metadata["flag"].result}
 
     @property
     def result_settings(self) -> dict[str, Any]:
@@ -342,8 +350,8 @@ class TrainConfig:
         return cls(**values)
 
 
-FLAGS: dict[str, Flag] = {f.name: f.metadata["flag"] for f in fields(TrainConfig)}
-KINDS: dict[str, str] = {f.name: str(f.type) for f in fields(TrainConfig)}
+FLAGS: dict[str, Flag] = {f.name: f.metadata["flag"] for f in fields(TrainConfig) if "flag" in f.metadata}
+KINDS: dict[str, str] = {f.name: str(f.type) for f in fields(TrainConfig) if "flag" in f.metadata}
 # Command-line arguments that are not settings: they say where settings come from or go.
 @dataclass(frozen=True)
 class Argument:
@@ -389,6 +397,11 @@ def _slug(value: str) -> str:
 
 def join_uri(base: str, name: str) -> str:
     return f"{base.rstrip('/')}/{name}" if "://" in base else str(Path(base) / name)
+
+
+def is_inline_template(spec: str) -> bool:
+    """--chat-template holds the template itself (as alignment-handbook recipes give it), not a file's path."""
+    return "{%" in spec or "{{" in spec
 
 
 def is_remote(uri: str) -> bool:

@@ -29,7 +29,7 @@ from trainer.loop.monitor import Monitor
 from trainer.loop.parallel import WorkerEnv, setup_parallel, transport_check
 from trainer.loop.step import DEFAULT_LOSS, check_loss_path, resolve_loss, train_step
 from trainer.model.build import build_model
-from trainer.model.sources import load_tokenizer, resolve_model_path
+from trainer.model.sources import load_tokenizer, resolve_model_path, set_eos_token
 from trainer.run_folder import record as run_record
 from trainer.run_folder.export import export_hf
 from trainer.run_folder.resume import INPUTS_KEY
@@ -103,7 +103,8 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *, latest_checkpoint
     if cfg.export:
         card = run_record.model_card(record, last, steps, data.tokens_through(steps, gb, cfg.seed)) if env.rank == 0 \
             else None
-        monitor.event("export", step=steps, path=export_hf(storage, model, tokenizer, source=model_path, card=card))
+        monitor.event("export", step=steps, path=export_hf(storage, model, tokenizer, source=model_path, card=card,
+                                                              eos_token=cfg.eos_token))
     monitor.close()
     return last
 
@@ -119,6 +120,7 @@ def fetch_inputs(cfg: TrainConfig, storage: Storage, chat_template: str | None) 
                                if cfg.tokenizer else model_path)
     if chat_template:
         tokenizer.chat_template = chat_template
+    set_eos_token(tokenizer, cfg.eos_token)
     data = prepare(DataSpec.from_config(cfg), tokenizer=tokenizer, seq_len=cfg.seq_len, cache_dir=cache_dir,
                    storage_fs=remote_fs)
     return Inputs(model_path, tokenizer, data)
