@@ -192,7 +192,7 @@ def _sources(style: str, trl_origin: str, given: Mapping[str, Any], omitted: Map
         where["global_batch_size"] = ("per_device_train_batch_size x gradient_accumulation_steps x num_workers "
                                       "(transformers' arithmetic)")
     return {"defaults": style if style == "trainer" else f"{style} ({trl_origin})", "settings": where,
-            "accepted": dict(accepted)}
+            "accepted": {k: why for k, why in accepted.items() if k in given}}
 
 
 def split_out(out: str) -> dict[str, str]:

@@ -272,6 +272,10 @@ def translate(values: Mapping[str, Any], source: str, ours: set[str],
         if key in ours and key not in hf:
             own[key] = value
     _renamed(hf, mapped, accepted, refuse)
+    if hf.get("save_strategy") == "no":  # transformers saves no checkpoint then; here only the final one
+        mapped["checkpoint_every"] = 0
+    if hf.get("max_steps") == -1:
+        accepted["max_steps"] = "-1: the run's length is num_train_epochs"
     _epochs_and_steps(hf, mapped, refuse)
     _warmup(hf, mapped, refuse)
     _schedule(hf, mapped, refuse)
