@@ -188,7 +188,8 @@ def to_example(record: Any, where: str, text_field: str = "text") -> Example:
     """A record as an Example, or a RecordError naming the field and what it holds."""
     if not isinstance(record, dict):
         raise RecordError(f"{where}: expected an object (a row with named fields), found {_found(record)}")
-    ex = _to_example(record, where, text_field)
+    # Arrow gives a file's every record the union of all records' fields, the missing ones as None
+    ex = _to_example({k: v for k, v in record.items() if v is not None}, where, text_field)
     if ex.conversational:
         ex.template_kwargs = _template_kwargs(record, where)
     return ex
@@ -224,6 +225,13 @@ def _to_example(record: dict, where: str, text_field: str) -> Example:
     hint = "" if text_field == "text" else f" (the text field is {text_field!r}: --dataset-text-field)"
     raise RecordError(f"{where}: has none of the supported field sets ({'; '.join(FORMATS)}){hint}; "
                       f"its fields are: {names}")
+
+
+def format_name(ex: Example) -> str:
+    """The record format's name in messages: messages, prompt/completion (conversational or standard), text."""
+    if ex.kind == "prompt_completion":
+        return f"prompt/completion ({'conversational' if ex.conversational else 'standard'})"
+    return ex.kind
 
 
 def _chat_pair(record: dict, where: str) -> tuple[str, str] | None:

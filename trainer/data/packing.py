@@ -27,7 +27,7 @@ import numpy as np
 
 from trainer import cache
 from trainer.data import sources
-from trainer.data.formats import DataError, Example, RecordError, Renderer, to_example
+from trainer.data.formats import DataError, Example, RecordError, Renderer, format_name, to_example
 
 __all__ = ["DataError", "RecordError", "DataSpec", "PackedData", "prepare", "pack", "load_records", "check_records"]
 
@@ -71,9 +71,20 @@ def check_records(records: Sequence[dict], spec: str, sample: int = 100, *, rend
     """Pre-flight: not empty, and the first records parse (and render, given the tokenizer's renderer)."""
     if not records:
         raise DataError(f"dataset {spec!r}: is empty; it needs at least one record")
-    for ex in examples(records[:sample], spec, text_field):
+    by_format: dict[str, list[int]] = {}
+    for i, ex in enumerate(examples(records[:sample], spec, text_field)):
+        by_format.setdefault(format_name(ex), []).append(i)
         if renderer is not None:
             renderer.encode(ex)
+    if len(by_format) > 1:
+        named = "; ".join(f"{name}: records {_numbers(rows)}" for name, rows in by_format.items())
+        raise DataError(f"dataset {spec!r}: mixes record formats ({named}); TRL reads a dataset as one format "
+                        f"(its loss mask and EOS rules follow the first record), so train one format per dataset: "
+                        f"convert the records to one format, or split the file")
+
+
+def _numbers(rows: list[int], shown: int = 8) -> str:
+    return ", ".join(map(str, rows[:shown])) + (f" and {len(rows) - shown} more" if len(rows) > shown else "")
 
 
 def tokenize(records: Iterable[dict], renderer: Renderer, spec: str,
