@@ -28,17 +28,16 @@ RECIPES = Path(__file__).parent / "data" / "trl_recipes"
 SOURCES = json.loads((RECIPES / "SOURCES.json").read_text())
 PUSH = "set push_to_hub: false"
 NO_EVAL = "no evaluation loop yet"
-MIXTURE = "a dataset mixture is not supported yet"
 EPOCH_SAVES = "use save_strategy: steps"
 UNPACKED = "packing: false is not supported"
 # recipe -> {refused key: the reason's words}; every other key of the recipe is applied or accepted
 REFUSED = {
     "trl-example_config.yaml": {},
     "handbook-zephyr-7b-beta-sft-full.yaml": {
-        "dataset_mixture": MIXTURE, "eval_strategy": NO_EVAL, "per_device_eval_batch_size": NO_EVAL,
+        "eval_strategy": NO_EVAL, "per_device_eval_batch_size": NO_EVAL,
         "push_to_hub": PUSH, "hub_model_id": PUSH, "hub_strategy": PUSH},
     "handbook-zephyr-7b-gemma-sft-full.yaml": {
-        "dataset_mixture": MIXTURE, "eval_strategy": NO_EVAL, "per_device_eval_batch_size": NO_EVAL,
+        "eval_strategy": NO_EVAL, "per_device_eval_batch_size": NO_EVAL,
         "push_to_hub": PUSH, "hub_model_id": PUSH, "hub_strategy": PUSH,
         "dataset_kwargs": "datasets and models are prepared by this trainer"},
     "handbook-smollm2-sft.yaml": {
@@ -46,14 +45,14 @@ REFUSED = {
         "push_to_hub": PUSH, "hub_model_id": PUSH, "hub_strategy": PUSH},
     "handbook-smollm3-sft.yaml": {
         "model_revision": "only the hub's main revision is downloaded", "trust_remote_code": "no trust_remote_code",
-        "dataset_mixture": MIXTURE, "gradient_checkpointing_kwargs": "set use_reentrant: false",
+        "gradient_checkpointing_kwargs": "set use_reentrant: false",
         "packing_strategy": "use packing_strategy: bfd", "save_strategy": EPOCH_SAVES,
         "push_to_hub": PUSH, "hub_strategy": PUSH},
     "handbook-constitutional-ai-sft-anthropic.yaml": {
-        "dataset_mixture": MIXTURE, "eval_strategy": NO_EVAL, "per_device_eval_batch_size": NO_EVAL,
+        "eval_strategy": NO_EVAL, "per_device_eval_batch_size": NO_EVAL,
         "push_to_hub": PUSH, "hub_model_id": PUSH, "hub_strategy": PUSH},
     "handbook-starchat2-15b-sft.yaml": {
-        "dataset_mixture": MIXTURE, "eval_strategy": NO_EVAL, "per_device_eval_batch_size": NO_EVAL,
+        "eval_strategy": NO_EVAL, "per_device_eval_batch_size": NO_EVAL,
         "push_to_hub": PUSH, "hub_model_id": PUSH, "hub_strategy": PUSH},
     "open-r1-olympiccoder-7b-sft.yaml": {
         "packing": UNPACKED, "save_strategy": EPOCH_SAVES, "push_to_hub": PUSH, "hub_model_id": PUSH,
@@ -199,3 +198,55 @@ def test_every_key_of_a_real_recipe_is_applied_as_trl_applies_it_or_refused_with
     assert not applied & set(cfg.sources["accepted"])
     assert applied | set(cfg.sources["accepted"]) == set(kept), set(kept) - applied - set(cfg.sources["accepted"])
     _check_against_trl(cfg, kept, workers=2)
+
+
+HANDBOOK = Path(__file__).parent / "data" / "alignment_handbook"
+
+
+def handbook_get_dataset(monkeypatch):
+    """alignment-handbook's own get_dataset (src/alignment/data.py and configs.py, pinned byte for byte). Its
+    configs.py also subclasses trl.ORPOConfig, which TRL 1.16 moved to trl.experimental: a stand-in base."""
+    import sys
+    import types
+
+    import trl
+
+    monkeypatch.setattr(trl, "ORPOConfig", type("ORPOConfig", (), {}), raising=False)
+
+    sources = json.loads((HANDBOOK / "SOURCES.json").read_text())
+    package = types.ModuleType("alignment_pinned")
+    package.__path__ = []
+    monkeypatch.setitem(sys.modules, "alignment_pinned", package)
+    for name in ("configs", "data"):
+        text = (HANDBOOK / f"{name}.py.txt").read_bytes()
+        assert hashlib.sha256(text).hexdigest() == sources[f"{name}.py.txt"]["sha256"]
+        module = types.ModuleType(f"alignment_pinned.{name}")
+        module.__package__ = "alignment_pinned"
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+        exec(compile(text, sources[f"{name}.py.txt"]["url"], "exec"), module.__dict__)
+    return sys.modules["alignment_pinned.data"].get_dataset, sys.modules["alignment_pinned.configs"].ScriptArguments
+
+
+def test_a_dataset_mixture_is_the_records_alignment_handbooks_get_dataset_gives(tmp_path, monkeypatch):
+    """The mixture of a recipe (columns, weights, seed, test split) read as alignment-handbook reads it, its
+    datasets swapped for local folders: the same records in the same order."""
+    pytest.importorskip("trl")
+    from trainer.data.packing import load_records
+
+    for name, n in (("a", 10), ("b", 6)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "train.jsonl").write_text("".join(json.dumps(
+            {"messages": [{"role": "user", "content": f"{name}{i}"}, {"role": "assistant", "content": "ok"}],
+             "extra": i}) + "\n" for i in range(n)))
+    mixture = {"datasets": [{"id": str(tmp_path / "a"), "split": "train", "columns": ["messages"], "weight": 0.5},
+                            {"id": str(tmp_path / "b"), "split": "train", "columns": ["messages"], "weight": 1.0}],
+               "seed": 3, "test_split_size": 0.25}
+    get_dataset, script_arguments = handbook_get_dataset(monkeypatch)
+    theirs = get_dataset(script_arguments(dataset_mixture=mixture))["train"].to_list()
+    cfg = merge({"model_name_or_path": "m", "dataset_mixture": mixture}, {})
+    assert cfg.dataset.startswith("mixture:") and cfg.sources["settings"]["dataset"] == "YAML: dataset_mixture"
+    ours = load_records(cfg.dataset, cache_dir=tmp_path / "cache")
+    assert ours == theirs and len(ours) == 8  # 5 + 6 records, 3 (25%) held out for evaluation
+    assert cfg.resolved_run_name.startswith("m-mixture-")
+    with pytest.raises(ConfigError, match=r"'dataset_mixture'.*datasets\[0\].weight: 2; expected a fraction"):
+        merge({"model_name_or_path": "m", "dataset_mixture": {"datasets": [{"id": "x", "weight": 2}]}}, {})

@@ -139,7 +139,7 @@ class TrainConfig:
                                "prompt/completion, text)",
                            check=required("a hub id, a .jsonl/.json/.parquet/.csv file, a folder of them, "
                                           "save_to_disk output or an s3:// URI"),
-                           trl=("dataset_name",), shown_default="required")
+                           trl=("dataset_name", "dataset_mixture"), shown_default="required")
     tokenizer: str | None = setting(None, "tokenizer location if different from --model",
                                     shown_default="the model's")
     dataset_split: str = setting("train", "split to read (datasets' slicing works: train[:1000])",
@@ -390,6 +390,8 @@ def micro_batch_value(value: Any) -> Any:
 
 
 def _slug(value: str) -> str:
+    if value.startswith("mixture:"):  # trainer.data.mixture's location: its JSON would make no name
+        return "mixture"
     base = value.rstrip("/").rsplit("/", 1)[-1]
     base = re.sub(r"\.(jsonl|json|ndjson|parquet|csv|tsv|txt|arrow)(\.gz|\.zst|\.bz2|\.xz)?$", "", base)
     return re.sub(r"[^A-Za-z0-9._-]+", "-", base).strip("-.")[:40]

@@ -21,12 +21,13 @@ from typing import Any, Callable, Iterable, Mapping
 
 from facts.errors import Problems
 from trainer.config.flags import FLAGS, REPORT_TO
+from trainer.data import mixture
 
 # keys read with their own rules below (units, precedence, lists); every other key a flag declares
 # under `trl=` (trainer.config.flags) is a plain rename with the same meaning and unit
 CONVERTED = frozenset({"num_train_epochs", "max_steps", "warmup_steps", "warmup_ratio", "lr_scheduler_type",
                        "output_dir", "report_to", "gradient_accumulation_steps", "lr_scheduler_kwargs",
-                       "completion_only_loss", "assistant_only_loss"})
+                       "completion_only_loss", "assistant_only_loss", "dataset_mixture"})
 # key -> our field, from the declarations
 RENAMES = {key: name for name, f in FLAGS.items() for key in f.trl if key not in CONVERTED}
 
@@ -65,8 +66,6 @@ _REFUSED_BY_REASON = {
     "checkpoints always hold model, optimizer and data position (needed to resume)": ("save_only_model",),
     "the exported model is always safetensors": ("save_safetensors",),
     "use --device cpu": ("use_cpu",),
-    "a dataset mixture is not supported yet; train on one dataset (dataset_name, or --dataset with a folder or "
-    "file that holds the mixed records)": ("dataset_mixture",),
 }
 REFUSED = {key: reason for reason, keys in _REFUSED_BY_REASON.items() for key in keys}
 
@@ -280,6 +279,11 @@ def translate(values: Mapping[str, Any], source: str, ours: set[str],
     _warmup(hf, mapped, refuse)
     _schedule(hf, mapped, refuse)
     _loss_mask(hf, mapped, refuse)
+    if "dataset_mixture" in hf:  # alignment-handbook's; it wins over dataset_name, as there
+        try:
+            mapped["dataset"] = mixture.spec(hf["dataset_mixture"])
+        except ValueError as e:
+            refuse("dataset_mixture", f"{e} (alignment-handbook's dataset_mixture)")
     if "output_dir" in hf:
         mapped["out"] = hf["output_dir"]
     if "report_to" in hf:
