@@ -254,7 +254,6 @@ def test_every_chat_template_trl_ships_trains_one_and_many_turns_with_trls_token
     Where TRL refuses a template, this trainer either refuses it too or (its prefix rule, documented in
     docs/trl.md) trains exactly the assistant turns. One SFTTrainer per template: ~20 s, the price of
     checking all of them."""
-    import datasets
 
     names = nonempty(sorted(p.name for p in TRL_TEMPLATES.glob("*.jinja") if not p.stem.endswith("_training")),
                      "TRL chat templates")

@@ -27,21 +27,21 @@ from trainer.config.load import merge, parse
 RECIPES = Path(__file__).parent / "data" / "trl_recipes"
 SOURCES = json.loads((RECIPES / "SOURCES.json").read_text())
 PUSH = "set push_to_hub: false"
-NO_EVAL = "no evaluation loop yet"
+NO_EVAL = "use eval_strategy: steps with eval_steps: N"
 EPOCH_SAVES = "use save_strategy: steps"
 UNPACKED = "packing: false is not supported"
 # recipe -> {refused key: the reason's words}; every other key of the recipe is applied or accepted
 REFUSED = {
     "trl-example_config.yaml": {},
     "handbook-zephyr-7b-beta-sft-full.yaml": {
-        "eval_strategy": NO_EVAL, "per_device_eval_batch_size": NO_EVAL,
+        "eval_strategy": NO_EVAL,
         "push_to_hub": PUSH, "hub_model_id": PUSH, "hub_strategy": PUSH},
     "handbook-zephyr-7b-gemma-sft-full.yaml": {
-        "eval_strategy": NO_EVAL, "per_device_eval_batch_size": NO_EVAL,
+        "eval_strategy": NO_EVAL,
         "push_to_hub": PUSH, "hub_model_id": PUSH, "hub_strategy": PUSH,
         "dataset_kwargs": "datasets and models are prepared by this trainer"},
     "handbook-smollm2-sft.yaml": {
-        "eval_strategy": NO_EVAL, "per_device_eval_batch_size": NO_EVAL, "dataset_test_split": NO_EVAL,
+        "eval_strategy": NO_EVAL,
         "push_to_hub": PUSH, "hub_model_id": PUSH, "hub_strategy": PUSH},
     "handbook-smollm3-sft.yaml": {
         "model_revision": "only the hub's main revision is downloaded", "trust_remote_code": "no trust_remote_code",
@@ -49,10 +49,10 @@ REFUSED = {
         "packing_strategy": "use packing_strategy: bfd", "save_strategy": EPOCH_SAVES,
         "push_to_hub": PUSH, "hub_strategy": PUSH},
     "handbook-constitutional-ai-sft-anthropic.yaml": {
-        "eval_strategy": NO_EVAL, "per_device_eval_batch_size": NO_EVAL,
+        "eval_strategy": NO_EVAL,
         "push_to_hub": PUSH, "hub_model_id": PUSH, "hub_strategy": PUSH},
     "handbook-starchat2-15b-sft.yaml": {
-        "eval_strategy": NO_EVAL, "per_device_eval_batch_size": NO_EVAL,
+        "eval_strategy": NO_EVAL,
         "push_to_hub": PUSH, "hub_model_id": PUSH, "hub_strategy": PUSH},
     "open-r1-olympiccoder-7b-sft.yaml": {
         "packing": UNPACKED, "save_strategy": EPOCH_SAVES, "push_to_hub": PUSH, "hub_model_id": PUSH,
@@ -132,14 +132,15 @@ def test_keys_whose_value_does_nothing_here_are_accepted_and_recorded():
               "push_to_hub": False, "hub_model_id": "me/model", "bf16": True, "model_revision": "main",
               "remove_unused_columns": True, "save_strategy": "no"}
     cfg = merge(values, {})
-    assert set(cfg.sources["accepted"]) == set(values) - {"model_name_or_path", "dataset_name"}
-    assert cfg.checkpoint_every == 0  # save_strategy: no: no checkpoint but the final one
+    assert set(cfg.sources["accepted"]) == set(values) - {"model_name_or_path", "dataset_name",
+                                                          "per_device_eval_batch_size"}
+    assert cfg.checkpoint_every == 0 and cfg.eval_every == 0  # save_strategy: no: only the final checkpoint
     with pytest.raises(ConfigError) as e:
-        merge({**values, "eval_strategy": "steps", "gradient_checkpointing_kwargs": {"use_reentrant": True}}, {})
+        merge({**values, "eval_strategy": "epoch", "gradient_checkpointing_kwargs": {"use_reentrant": True}}, {})
     problems = "\n".join(e.value.problems)
-    assert len(e.value.problems) == 3, problems  # eval_strategy, its eval batch size, use_reentrant
-    for needle in ("'eval_strategy' = 'steps': not applicable here: this trainer has no evaluation loop yet; set "
-                   "eval_strategy: 'no'", "'per_device_eval_batch_size' = 4", "set use_reentrant: false"):
+    assert len(e.value.problems) == 2, problems
+    for needle in ("'eval_strategy' = 'epoch': not applicable here: evaluation runs every eval_steps steps; use "
+                   "eval_strategy: steps with eval_steps: N", "set use_reentrant: false"):
         assert needle in problems
 
 

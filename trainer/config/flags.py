@@ -161,6 +161,18 @@ class TrainConfig:
                                     trl=("eos_token",), shown_default="the tokenizer's")
     seq_len: int = setting(2048, "packed sequence length in tokens", check=at_least(1),
                            trl=("max_length", "max_seq_length"), aliases=("sequence_length",))
+    eval_every: int = setting(0, "evaluate the loss on held-out data every N steps (0: never), packed as training "
+                                 "is, on every worker", check=not_negative, trl=("eval_strategy", "eval_steps"),
+                              result=False)
+    eval_dataset: str | None = setting(None, "held-out data to evaluate (any --dataset location)",
+                                       result=False, shown_default="--dataset's --eval-split")
+    eval_split: str = setting("test", "split of --dataset evaluated when --eval-dataset is not given",
+                              trl=("dataset_test_split",), result=False)
+    eval_batch_size: int | None = setting(None, "packed rows per evaluation forward pass on one worker",
+                                          check=at_least(1), trl=("per_device_eval_batch_size",), result=False,
+                                          shown_default="the training micro-batch")
+    eval_on_start: bool = setting(False, "evaluate once before the first step too", trl=("eval_on_start",),
+                                  result=False)
     overlong: str = setting("truncate", "records longer than --seq-len: truncate (keep their start) or drop; both "
                                         "are counted and reported", choices=("truncate", "drop"))
     global_batch_size: int = setting(64, "sequences per optimizer step, the same for any number of workers "
@@ -266,6 +278,10 @@ class TrainConfig:
     def warmup_for(self, total: int) -> int:
         """Warm-up steps: --warmup-steps, else --warmup-ratio of the run's steps (transformers' rule)."""
         return self.warmup_steps if self.warmup_steps else math.ceil(total * self.warmup_ratio)
+
+    @property
+    def evaluates(self) -> bool:
+        return bool(self.eval_every or self.eval_on_start)
 
     @property
     def use_gpu(self) -> bool:

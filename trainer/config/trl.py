@@ -27,7 +27,8 @@ from trainer.data import mixture
 # under `trl=` (trainer.config.flags) is a plain rename with the same meaning and unit
 CONVERTED = frozenset({"num_train_epochs", "max_steps", "warmup_steps", "warmup_ratio", "lr_scheduler_type",
                        "output_dir", "report_to", "gradient_accumulation_steps", "lr_scheduler_kwargs",
-                       "completion_only_loss", "assistant_only_loss", "dataset_mixture"})
+                       "completion_only_loss", "assistant_only_loss", "dataset_mixture", "eval_strategy",
+                       "eval_steps"})
 # key -> our field, from the declarations
 RENAMES = {key: name for name, f in FLAGS.items() for key in f.trl if key not in CONVERTED}
 
@@ -40,9 +41,10 @@ _REFUSED_BY_REASON = {
     "training runs in bf16 on GPU (fp32 on CPU); fp16 is not supported": ("fp16",),
     "TF32 matmuls are not configurable here": ("tf32",),
     "the optimizer is AdamW (fused on GPU); other optimizers are not supported": ("optim",),
-    "this trainer has no evaluation loop yet; set eval_strategy: 'no' (or remove the evaluation keys)": (
-        "eval_steps", "eval_packing", "eval_dataset_name", "eval_on_start", "load_best_model_at_end",
-        "metric_for_best_model", "greater_is_better"),
+    "keeping the best checkpoint by eval loss is not supported yet; remove the key (the eval loss is logged)": (
+        "load_best_model_at_end", "metric_for_best_model", "greater_is_better"),
+    "evaluation packs rows as training does; remove the key": ("eval_packing",),
+    "pass the held-out data with --eval-dataset": ("eval_dataset_name",),
     "the exported model folder is not uploaded; set push_to_hub: false (or remove it) and upload the exported "
     "folder yourself (hf upload)": ("push_to_hub",),
     "metrics go to the run folder (metrics.jsonl, tensorboard/)": ("logging_dir",),
@@ -74,10 +76,6 @@ def _is(*values: Any) -> Callable[[Any], bool]:
     return lambda v: any(v is x if isinstance(x, bool) else v == x for x in values)
 
 
-def _eval_off(hf: Mapping[str, Any]) -> bool:
-    return hf.get("eval_strategy", hf.get("evaluation_strategy", "no")) == "no"
-
-
 # key -> (is the value accepted, why it does nothing here (recorded) or why it is refused (with the fix));
 # a predicate of two arguments also sees the other TRL keys
 ACCEPTED: dict[str, tuple[Callable[..., bool], str, str]] = {
@@ -99,12 +97,6 @@ ACCEPTED: dict[str, tuple[Callable[..., bool], str, str]] = {
                  "must be true or false"),
     "do_eval": (_is(True, False), "transformers' Trainer does not read it; evaluation follows eval_strategy",
                 "must be true or false"),
-    "eval_strategy": (_is("no"), "evaluation is off", REFUSED["eval_steps"]),
-    "evaluation_strategy": (_is("no"), "evaluation is off", REFUSED["eval_steps"]),
-    "per_device_eval_batch_size": (lambda v, hf: _eval_off(hf), "used only by evaluation, which is off",
-                                   REFUSED["eval_steps"]),
-    "dataset_test_split": (lambda v, hf: _eval_off(hf), "read only for evaluation, which is off",
-                           REFUSED["eval_steps"]),
     "logging_strategy": (_is("steps"), "metrics are logged every logging_steps steps",
                          "metrics are logged every logging_steps steps; use logging_strategy: steps"),
     "save_strategy": (_is("steps", "no"), "checkpoints every save_steps steps (save_strategy: no: only at the end)",
@@ -146,6 +138,7 @@ ACCEPTED: dict[str, tuple[Callable[..., bool], str, str]] = {
     "trust_remote_code": (_is(False), "no custom model code is run",
                           "models with custom code are not loaded (no trust_remote_code); set it false or remove it"),
     "use_peft": (_is(False), "full fine-tuning", REFUSED["use_peft"]),
+    "load_best_model_at_end": (_is(False), "the last checkpoint is exported", REFUSED["load_best_model_at_end"]),
 }
 
 
@@ -276,6 +269,7 @@ def translate(values: Mapping[str, Any], source: str, ours: set[str],
     if hf.get("max_steps") == -1:
         accepted["max_steps"] = "-1: the run's length is num_train_epochs"
     _epochs_and_steps(hf, mapped, refuse)
+    _evaluation(hf, mapped, accepted, refuse)
     _warmup(hf, mapped, refuse)
     _schedule(hf, mapped, refuse)
     _loss_mask(hf, mapped, refuse)
@@ -345,6 +339,22 @@ def _epochs_and_steps(hf: dict, mapped: dict, refuse) -> None:
             mapped["epochs"] = int(epochs)
         else:
             refuse("num_train_epochs", "only whole epochs are supported; use max_steps for a partial epoch")
+
+
+def _evaluation(hf: dict, mapped: dict, accepted: dict, refuse) -> None:
+    """eval_strategy: steps evaluates every eval_steps (transformers: logging_steps when unset); 'no' never."""
+    key = "eval_strategy"
+    strategy, every = hf.get(key, "no"), hf.get("eval_steps")
+    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+        refuse("eval_steps", "must be a whole number of steps, at least 1 (a fraction of the run is not supported)")
+    elif strategy == "steps":
+        mapped["eval_every"] = every or hf.get("logging_steps", 10)
+    elif strategy == "no":
+        accepted[key] = "evaluation is off"
+        if every is not None:
+            accepted["eval_steps"] = "used only when eval_strategy is steps"
+    else:
+        refuse(key, "evaluation runs every eval_steps steps; use eval_strategy: steps with eval_steps: N (or 'no')")
 
 
 def _warmup(hf: dict, mapped: dict, refuse) -> None:

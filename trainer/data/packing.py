@@ -51,6 +51,14 @@ class DataSpec:
         return cls(cfg.dataset, cfg.dataset_split, cfg.dataset_config, cfg.dataset_text_field, cfg.train_on,
                    cfg.overlong)
 
+    @classmethod
+    def eval_from_config(cls, cfg) -> "DataSpec":
+        """The held-out data: --eval-dataset, else --dataset's --eval-split, masked and packed as training is."""
+        if cfg.eval_dataset:
+            return cls(cfg.eval_dataset, "train", None, cfg.dataset_text_field, cfg.train_on, cfg.overlong)
+        return cls(cfg.dataset, cfg.eval_split, cfg.dataset_config, cfg.dataset_text_field, cfg.train_on,
+                   cfg.overlong)
+
 
 # ---------------------------------------------------------------- records
 
@@ -363,6 +371,25 @@ class PackedData:
         """Real (non-padding) tokens of every row the first `steps` steps train on."""
         real = self.arrays["real_tokens"]
         return int(sum(int(real[np.sort(self.step_rows(s, global_batch, seed))].sum()) for s in range(steps)))
+
+    def eval_batches(self, *, rank: int, world_size: int, batch: int) -> list[dict]:
+        """This rank's share of every row, in batches; every rank gets the same number of batches (FSDP's
+        collectives need it): a rank short of rows gets row 0 with no trained token."""
+        import torch
+
+        per_rank = -(-self.num_rows // world_size)
+        mine = np.arange(rank * per_rank, min((rank + 1) * per_rank, self.num_rows))
+        out = []
+        for i in range(0, per_rank, batch):
+            idx = mine[i:i + batch]
+            filler = not len(idx)
+            idx = idx if len(idx) else np.zeros(1, dtype=np.int64)
+            mb = {name: torch.from_numpy(np.asarray(arr[idx], dtype=np.int64 if arr.ndim == 2 else np.int32))
+                  for name, arr in self.arrays.items()}
+            if filler:
+                mb["labels"].fill_(IGNORE_INDEX)
+            out.append(mb)
+        return out
 
     def micro_batches(self, step: int, *, rank: int, world_size: int, global_batch: int,
                       micro_batch: int, seed: int) -> list[dict]:

@@ -89,7 +89,7 @@ def resolve(spec: str, *, config: str | None = None, split: str = "train", stora
     if mixture.is_mixture(spec):
         members = tuple(resolve(m["id"], config=m["config"], split=m["split"], storage_fs=storage_fs,
                                 cache_dir=cache_dir) for m in mixture.parse(spec)["datasets"])
-        return Source(spec, "mixture", spec, members=members)
+        return Source(spec, "mixture", spec, split=split, members=members)
     if spec.startswith("s3://"):
         local = _fetch_s3(spec, storage_fs, Path(cache_dir or cache.default_dir()))
         kind, builder = _local_kind(local, spec)
@@ -228,7 +228,11 @@ def _open_mixture(source: Source, cache_dir: str | Path | None):
         raise DataError(f"{source.label}: its datasets cannot be concatenated ({first_line(e)}); select the same "
                         f"columns of each (columns: [...])") from None
     if mix["test_split_size"] is not None:
-        combined = combined.train_test_split(test_size=mix["test_split_size"], seed=seed)["train"]
+        return combined.train_test_split(test_size=mix["test_split_size"], seed=seed)[
+            "test" if source.split == "test" else "train"]
+    if source.split == "test":
+        raise DataError(f"{source.label}: has no test split to evaluate; give the mixture a test_split_size, or "
+                        f"pass --eval-dataset")
     return combined
 
 

@@ -145,6 +145,11 @@ def _check_data(cfg: TrainConfig, tokenizer, dataset_fs: Any, info: dict, *, ful
             packed.step_rows(0, cfg.global_batch_size, cfg.seed)  # at least one global batch
         info["data"] = packed.meta
         info["notes"] += data_summary(packed.meta, cfg.overlong)
+        if cfg.evaluates:  # the held-out rows, packed into the same cache the workers read
+            held_out = prepare(DataSpec.eval_from_config(cfg), tokenizer=tokenizer, seq_len=cfg.seq_len,
+                               cache_dir=cfg.resolved_cache_dir, storage_fs=dataset_fs)
+            info["notes"].append(f"evaluation: {held_out.num_rows:,} packed rows every {cfg.eval_every} steps"
+                                 if cfg.eval_every else f"evaluation: {held_out.num_rows:,} packed rows at the start")
         return
     records = load_records(cfg.dataset, cfg.dataset_split, config=cfg.dataset_config,
                            storage_fs=dataset_fs, limit=100, cache_dir=cfg.resolved_cache_dir)
