@@ -61,7 +61,8 @@ class Storage:
         return {posixpath.relpath(i.path, base): i.size for i in infos if i.type == pafs.FileType.File}
 
     def read_bytes(self, *parts: str) -> bytes:
-        with self.fs.open_input_stream(self.path(*parts)) as f:
+        """The object's bytes as stored (pyarrow would gunzip a .gz name by default: compression=None)."""
+        with self.fs.open_input_stream(self.path(*parts), compression=None) as f:
             return f.read()
 
     def read_text(self, *parts: str) -> str:
@@ -73,7 +74,7 @@ class Storage:
         target = self.path(*parts)
         self.fs.create_dir(posixpath.dirname(target), recursive=True)
         if not self.is_local:
-            with self.fs.open_output_stream(target) as f:
+            with self.fs.open_output_stream(target, compression=None) as f:  # the bytes as given, whatever the name
                 f.write(data)
             return
         tmp = f"{target}.tmp-{os.getpid()}"

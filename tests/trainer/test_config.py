@@ -243,17 +243,18 @@ def test_transformers_semantics_of_the_trl_keys(tmp_path, text, want):
 
 def test_trl_keys_that_do_not_apply_are_refused_each_with_its_reason(tmp_path):
     f = tmp_path / "sft.yaml"
-    f.write_text("packing: false\nbf16: false\nfp16: true\neval_strategy: steps\nuse_peft: true\n"
+    f.write_text("packing: false\nbf16: false\nfp16: true\neval_strategy: epoch\nuse_peft: true\n"
                  "lr_scheduler_type: polynomial\nnum_train_epochs: 1.5\noptim: sgd\npush_to_hub: true\n"
-                 "report_to: all\nhub_private_repo: true\ndeepspeed: ds.json\n")
+                 "report_to: all\nhub_private_repo: true\ndeepspeed: ds.json\ntorch_empty_cache_steps: 10\n")
     with pytest.raises(ConfigError) as e:
         parse(["--config", str(f), *BASE])
     by_key = {p.split("key ", 1)[1].split(" ", 1)[0].strip("':"): p for p in e.value.problems}
     reasons = {"packing": "always packed", "bf16": "bf16 parameters on GPU", "fp16": "fp16 is not supported",
-               "eval_strategy": "no evaluation loop", "use_peft": "full fine-tuning only",
+               "eval_strategy": "use eval_strategy: steps", "use_peft": "full fine-tuning only",
                "lr_scheduler_type": "supported: cosine, linear, constant", "num_train_epochs": "whole epochs",
-               "optim": "AdamW", "push_to_hub": "push it yourself", "report_to:": "name the backends",
-               "hub_private_repo": "TrainingArguments option with no counterpart", "deepspeed": "FSDP2"}
+               "optim": "AdamW", "push_to_hub": "upload the exported folder yourself",
+               "report_to:": "name the backends", "hub_private_repo": "set push_to_hub: false", "deepspeed": "FSDP2",
+               "torch_empty_cache_steps": "TRL/transformers option with no counterpart"}
     for key, reason in reasons.items():
         problem = by_key[key.rstrip(":")]
         assert reason in problem, (key, problem)
@@ -369,7 +370,8 @@ def test_an_old_run_folder_resumes_after_a_flag_is_added_at_its_default(tmp_path
 
 def test_every_declared_trl_key_is_a_real_trl_field_and_sets_its_flag(tmp_path):
     """The TRL column of the flags table is read from the declarations; each key must exist upstream
-    (`trl sft` reads ScriptArguments, SFTConfig and ModelConfig; max_seq_length is SFTConfig's old name)."""
+    (`trl sft` reads ScriptArguments, SFTConfig and ModelConfig; max_seq_length is SFTConfig's old name,
+    dataset_mixture alignment-handbook's ScriptArguments')."""
     import dataclasses
 
     from trainer.config.flags import EXTRA_ARGUMENTS, FLAGS
@@ -378,7 +380,7 @@ def test_every_declared_trl_key_is_a_real_trl_field_and_sets_its_flag(tmp_path):
     trl = pytest.importorskip("trl")
     upstream = {f.name for c in (trl.SFTConfig, trl.ModelConfig, trl.ScriptArguments) for f in dataclasses.fields(c)}
     declared = {key for f in [*FLAGS.values(), *EXTRA_ARGUMENTS.values()] for key in f.trl}
-    assert declared - upstream == {"max_seq_length"}
+    assert declared - upstream == {"max_seq_length", "dataset_mixture"}  # the latter: alignment-handbook's
     assert CONVERTED <= declared  # every key read with its own rules is in the table too
     f = tmp_path / "sft.yaml"
     f.write_text("".join(f"{key}: {value}\n" for key, value in

@@ -172,3 +172,21 @@ def test_bad_files_fail_with_the_file_and_the_fix(tmp_path):
     (tmp_path / "data.xyz").write_text("a,b\n")
     with pytest.raises(DataError, match="unknown file type; use .arrow, .csv"):
         load_records(str(tmp_path / "data.xyz"))
+
+
+def test_a_file_mixing_record_formats_names_the_records_of_each_format(tmp_path):
+    """Arrow gives each record of the file every field (unset ones None): each record is still read as its own
+    format, and a mixture is refused naming which records are which (TRL reads one format per dataset)."""
+    import json
+
+    rows = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]},
+            {"prompt": "p", "completion": "c"}, {"prompt": "q", "completion": "d"}, {"text": "t"}]
+    (tmp_path / "mixed.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    records = load_records(str(tmp_path / "mixed.jsonl"))
+    assert records[1]["messages"] is None  # the union of fields, as Arrow holds it
+    assert [to_example(r, f"record {i}").kind for i, r in enumerate(records)] == \
+        ["messages", "prompt_completion", "prompt_completion", "text"]
+    with pytest.raises(DataError, match=r"mixes record formats \(messages: records 0; prompt/completion \(standard\): "
+                                        r"records 1, 2; text: records 3\).*one format per dataset"):
+        check_records(records, "mixed.jsonl")
+    check_records(records[1:3], "mixed.jsonl")  # one format: fine

@@ -112,8 +112,12 @@ def test_conversational_prompt_completion_matches_trl_completion_only_loss(model
             {"prompt": [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}],
              "completion": [{"role": "assistant", "content": "yo"}], "tools": None}]
     reference = trl_tokenized(model, tok, rows, tmp_path)  # TRL's default for prompt/completion: completion only
-    assert ours(tok, rows) == reference
+    assert ours(tok, rows, "completion_only") == reference
     assert trained_text(tok, *reference[1]) == "yo<|im_end|>\n"
+    # --train-on completion is TRL's assistant_only_loss: the completion's assistant turns, not its tool message
+    assistant_only = trl_tokenized(model, tok, rows, tmp_path, assistant_only_loss=True)
+    assert ours(tok, rows) == assistant_only != reference
+    assert "18C<|im_end|>" not in trained_text(tok, *assistant_only[0]) and "18C." in trained_text(tok, *assistant_only[0])
     assert ours(tok, rows, "all") == trl_tokenized(model, tok, rows, tmp_path, completion_only_loss=False)
 
 
@@ -214,3 +218,96 @@ def test_a_conversation_without_an_assistant_turn_is_refused_unless_training_on_
     with pytest.raises(DataError, match="no assistant message to learn from.*--train-on all"):
         Renderer(tokenizer()).encode(to_example(record, "record 0"))
     assert all(Renderer(tokenizer(), "all").encode(to_example(record, "record 0"))[1])
+
+
+# ---------------------------------------------------------------- every chat template TRL ships
+
+TRL_TEMPLATES = Path(trl.__file__).parent / "chat_templates"
+ONE_TURN = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+MULTI_TURN = {"messages": [{"role": "user", "content": "ab"},
+                           {"role": "assistant", "content": "<think>t</think>ba"},  # reasoning: Qwen3 drops it
+                           {"role": "user", "content": "cd"}, {"role": "assistant", "content": "dc"}]}
+
+
+def byte_tokenizer(template: str):
+    """A tokenizer for any template: every byte one token (GPT-2's byte alphabet, no merges), plus the special
+    tokens the template spells (<|...|>, DeepSeek's <｜...｜>, Gemma's <..._of_turn>) as single tokens."""
+    import re
+
+    from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
+
+    alphabet = sorted({demo._byte_level(chr(b)) for b in range(128)} |
+                      {demo._byte_level(bytes([b]).decode("latin-1"))[-1] for b in range(128, 256)})
+    specials = sorted(set(re.findall(r"<\|[^|'\"\s]+\|>|<｜[^｜'\"]+｜>|<[a-z_]+_of_turn>", template)))
+    vocab = {t: i for i, t in enumerate(["<|endoftext|>", "<unk>", *specials, *alphabet])}
+    tok = Qwen2Tokenizer(vocab=vocab, merges=[], eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+                         bos_token="<|endoftext|>", unk_token="<unk>", additional_special_tokens=specials,
+                         model_max_length=4096)
+    tok.chat_template = template
+    return tok
+
+
+def test_every_chat_template_trl_ships_trains_one_and_many_turns_with_trls_tokens_and_masks(model, tmp_path):
+    """For each template of TRL's chat_templates folder (read here, not listed): TRL's SFTTrainer with
+    assistant_only_loss (it swaps in its training version when the template has no generation markers)
+    and this trainer's --train-on completion give the same tokens and masks, one turn and several.
+    Where TRL refuses a template, this trainer either refuses it too or (its prefix rule, documented in
+    docs/trl.md) trains exactly the assistant turns. One SFTTrainer per template: ~20 s, the price of
+    checking all of them."""
+
+    names = nonempty(sorted(p.name for p in TRL_TEMPLATES.glob("*.jinja") if not p.stem.endswith("_training")),
+                     "TRL chat templates")
+    matched, refused = [], []
+    for name in names:
+        tok = byte_tokenizer((TRL_TEMPLATES / name).read_text())
+        rows = [ONE_TURN, MULTI_TURN]
+        try:
+            reference = trl_tokenized(model, tok, rows, tmp_path / name, assistant_only_loss=True)
+        except Exception:  # noqa: BLE001 - TRL refuses this template (no training version, or cannot render)
+            reference = None
+        try:
+            mine = ours(tok, rows)
+        except DataError:
+            mine = None
+        if reference is not None:
+            assert mine == reference, name
+            matched.append(name)
+            continue
+        refused.append(name)
+        if mine is None:  # refused here too
+            continue
+        for (ids, mask), row in zip(mine, rows, strict=True):
+            trained = trained_text(tok, ids, mask)
+            for m in row["messages"]:
+                assert (m["content"].split("</think>")[-1] in trained) == (m["role"] == "assistant"), (name, trained)
+    # the templates the issue names train with TRL's masks: Qwen3's history rewriting, Phi-3, DeepSeek, gpt-oss...
+    for name in ("qwen2_5.jinja", "qwen3.jinja", "phi3.jinja", "phi3_5.jinja", "qwen3_6.jinja", "gptoss.jinja",
+                 "deepseek_r1_distill.jinja", "deepseekv3.jinja", "nemotron_3_nano.jinja"):
+        assert name in matched, (name, refused)
+    assert len(matched) >= 30, (matched, refused)
+
+
+def test_qwen25s_original_template_trains_trls_masks_and_completion_only_trains_every_token(model, tmp_path):
+    tok = tokenizer((TRL_TEMPLATES / "qwen2_5.jinja").read_text())
+    rows = [PLAIN_CONVERSATION, TOOL_CONVERSATION]
+    reference = trl_tokenized(model, tok, rows, tmp_path / "a", assistant_only_loss=True)
+    assert ours(tok, rows) == reference
+    trained = trained_text(tok, *reference[0])
+    assert "cba<|im_end|>" in trained and "XY<|im_end|>" in trained and "reverse" not in trained
+    everything = trl_tokenized(model, tok, rows, tmp_path / "b")  # TRL's default: messages train every token
+    assert ours(tok, rows, "completion_only") == everything and all(everything[0][1])
+
+
+def test_a_records_chat_template_kwargs_reach_the_template_as_in_trl(model, tmp_path):
+    template = ("{% if enable_thinking is defined and not enable_thinking %}/no_think\n{% endif %}"
+                "{% for m in messages %}{{ m.role }}:{{ m.content }}\n{% endfor %}"
+                "{% if add_generation_prompt %}assistant:{% endif %}")
+    tok = tokenizer(template)
+    rows = [{"prompt": [{"role": "user", "content": "q"}], "completion": [{"role": "assistant", "content": "a"}],
+             "chat_template_kwargs": {"enable_thinking": False}},
+            {"prompt": [{"role": "user", "content": "q"}], "completion": [{"role": "assistant", "content": "a"}],
+             "chat_template_kwargs": {"enable_thinking": True}}]
+    reference = trl_tokenized(model, tok, rows, tmp_path)
+    mine = ours(tok, rows, "completion_only")
+    assert mine == reference
+    assert mine[0] != mine[1]  # the two records' variables rendered differently

@@ -113,6 +113,16 @@ def test_s3_files_and_prefixes_are_read_through_the_storage_filesystem(s3, tmp_p
     assert load_records(f"s3://{BUCKET}/data/shards/", storage_fs=s3.filesystem(), cache_dir=cache) == ROWS
     with pytest.raises(DataError, match="not found in S3"):
         load_records(f"s3://{BUCKET}/data/missing.jsonl", storage_fs=s3.filesystem(), cache_dir=cache)
+    # a single compressed object: its bytes as stored (not gunzipped by the filesystem), then read as datasets does
+    import gzip
+
+    packed = gzip.compress(write(tmp_path / "gz.jsonl").read_bytes())
+    with s3.filesystem().open_output_stream(f"{BUCKET}/data/train.jsonl.gz", compression=None) as f:
+        f.write(packed)
+    assert store.read_bytes("train.jsonl.gz") == packed
+    assert load_records(f"s3://{BUCKET}/data/train.jsonl.gz", storage_fs=s3.filesystem(), cache_dir=cache) == ROWS
+    store.write_bytes(packed, "again.jsonl.gz")
+    assert store.read_bytes("again.jsonl.gz") == packed  # written as given, not compressed a second time
     # a changed object is fetched again (the cache is keyed by the listing: names and sizes)
     store.write_bytes(write(tmp_path / "two.jsonl", ROWS[:2]).read_bytes(), "one.jsonl")
     assert load_records(f"s3://{BUCKET}/data/one.jsonl", storage_fs=s3.filesystem(), cache_dir=cache) == ROWS[:2]

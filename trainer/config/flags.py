@@ -33,6 +33,7 @@ from trainer.cache import default_dir
 
 AUTO = "auto"
 REPORT_TO = ("tensorboard", "wandb", "mlflow")
+TRAIN_ON = ("completion", "completion_only", "all")
 _RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -144,7 +145,7 @@ class TrainConfig:
                                "prompt/completion, text)",
                            check=required("a hub id, a .jsonl/.json/.parquet/.csv file, a folder of them, "
                                           "save_to_disk output or an s3:// URI"),
-                           trl=("dataset_name",), shown_default="required")
+                           trl=("dataset_name", "dataset_mixture"), shown_default="required")
     tokenizer: str | None = setting(None, "tokenizer location if different from --model",
                                     shown_default="the model's")
     dataset_split: str = setting("train", "split to read (datasets' slicing works: train[:1000])",
@@ -154,14 +155,31 @@ class TrainConfig:
                                       check=lambda v: None if v else "must not be empty",
                                       trl=("dataset_text_field",))
     train_on: str = setting("completion", "trained tokens: completion (prompt/completion completions and assistant "
-                                          "turns; text records: all) or all",
-                            choices=("completion", "all"), trl=("assistant_only_loss", "completion_only_loss"))
-    chat_template: str | None = setting(None, "Jinja chat template file (local or s3://) to use instead of the "
-                                              "tokenizer's", trl=("chat_template_path",),
-                                        shown_default="the tokenizer's")
+                                          "turns; text records: all), completion_only (prompt/completion "
+                                          "completions; messages and text: all, TRL's default) or all",
+                            choices=TRAIN_ON, trl=("assistant_only_loss", "completion_only_loss"),
+                            shown_default="`completion`; a TRL YAML: `completion_only`")
+    chat_template: str | None = setting(None, "Jinja chat template to use instead of the tokenizer's: a file (local "
+                                              "or s3://) or the template itself (text with Jinja tags)",
+                                        trl=("chat_template_path",), shown_default="the tokenizer's")
+    eos_token: str | None = setting(None, "the tokenizer's end-of-sequence token instead of its own (appended to text "
+                                          "and completions; the exported model stops on it); must be in the vocabulary",
+                                    trl=("eos_token",), shown_default="the tokenizer's")
     seq_len: int = setting(2048, "packed sequence length in tokens",
                            check=at_least(2, " (a row of one token has no next token to learn)"),
                            trl=("max_length", "max_seq_length"), aliases=("sequence_length",))
+    eval_every: int = setting(0, "evaluate the loss on held-out data every N steps (0: never), packed as training "
+                                 "is, on every worker", check=not_negative, trl=("eval_strategy", "eval_steps"),
+                              result=False)
+    eval_dataset: str | None = setting(None, "held-out data to evaluate (any --dataset location)",
+                                       result=False, shown_default="--dataset's --eval-split")
+    eval_split: str = setting("test", "split of --dataset evaluated when --eval-dataset is not given",
+                              trl=("dataset_test_split",), result=False)
+    eval_batch_size: int | None = setting(None, "packed rows per evaluation forward pass on one worker",
+                                          check=at_least(1), trl=("per_device_eval_batch_size",), result=False,
+                                          shown_default="the training micro-batch")
+    eval_on_start: bool = setting(False, "evaluate once before the first step too", trl=("eval_on_start",),
+                                  result=False)
     overlong: str = setting("truncate", "records longer than --seq-len: truncate (keep their start) or drop; both "
                                         "are counted and reported", choices=("truncate", "drop"))
     global_batch_size: int = setting(64, "sequences per optimizer step, the same for any number of workers "
@@ -256,6 +274,8 @@ class TrainConfig:
                                        "weights (a model without weight files is an error otherwise)")
     resume_anyway: bool = setting(False, "continue a run whose folder holds a run started with other settings, "
                                          "data or model (refused otherwise, listing what differs)", result=False)
+    # not a flag: where each setting came from (flag, YAML key, TRL's default, this trainer's default), for run.json
+    sources: dict = field(default_factory=dict, compare=False, metadata={})
 
     @property
     def reporters(self) -> tuple[str, ...]:
@@ -266,6 +286,10 @@ class TrainConfig:
     def warmup_for(self, total: int) -> int:
         """Warm-up steps: --warmup-steps, else --warmup-ratio of the run's steps (transformers' rule)."""
         return self.warmup_steps if self.warmup_steps else math.ceil(total * self.warmup_ratio)
+
+    @property
+    def evaluates(self) -> bool:
+        return bool(self.eval_every or self.eval_on_start)
 
     @property
     def use_gpu(self) -> bool:
@@ -306,7 +330,7 @@ class TrainConfig:
     def result_defaults(cls) -> dict[str, Any]:
         """The declared default of each setting that changes the result, from this class's own fields
         (a subclass's or a newer flag's included), for comparing with a record that predates one."""
-        return {f.name: declared_default(f) for f in fields(cls) if f.metadata["flag"].result}
+        return {f.name: declared_default(f) for f in fields(cls) if "flag" in f.metadata and f.metadata["flag"].result}
 
     @property
     def result_settings(self) -> dict[str, Any]:
@@ -350,8 +374,8 @@ class TrainConfig:
         return cls(**values)
 
 
-FLAGS: dict[str, Flag] = {f.name: f.metadata["flag"] for f in fields(TrainConfig)}
-KINDS: dict[str, str] = {f.name: str(f.type) for f in fields(TrainConfig)}
+FLAGS: dict[str, Flag] = {f.name: f.metadata["flag"] for f in fields(TrainConfig) if "flag" in f.metadata}
+KINDS: dict[str, str] = {f.name: str(f.type) for f in fields(TrainConfig) if "flag" in f.metadata}
 # Command-line arguments that are not settings: they say where settings come from or go.
 @dataclass(frozen=True)
 class Argument:
@@ -390,6 +414,8 @@ def micro_batch_value(value: Any) -> Any:
 
 
 def _slug(value: str) -> str:
+    if value.startswith("mixture:"):  # trainer.data.mixture's location: its JSON would make no name
+        return "mixture"
     base = value.rstrip("/").rsplit("/", 1)[-1]
     base = re.sub(r"\.(jsonl|json|ndjson|parquet|csv|tsv|txt|arrow)(\.gz|\.zst|\.bz2|\.xz)?$", "", base)
     return re.sub(r"[^A-Za-z0-9._-]+", "-", base).strip("-.")[:40]
@@ -397,6 +423,11 @@ def _slug(value: str) -> str:
 
 def join_uri(base: str, name: str) -> str:
     return f"{base.rstrip('/')}/{name}" if "://" in base else str(Path(base) / name)
+
+
+def is_inline_template(spec: str) -> bool:
+    """--chat-template holds the template itself (as alignment-handbook recipes give it), not a file's path."""
+    return "{%" in spec or "{{" in spec
 
 
 def is_remote(uri: str) -> bool:

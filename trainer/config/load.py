@@ -156,16 +156,25 @@ def coerce(name: str, value: Any, problems: Problems, source: str) -> Any:
 
 def merge(yaml_values: Mapping[str, Any], flag_values: Mapping[str, Any],
           defaults: Mapping[str, Any] | None = None, yaml_source: str = "YAML") -> TrainConfig:
-    """Defaults < YAML < flags, then validate. Raises ConfigError listing every problem.
+    """Defaults < (a TRL YAML: TRL's defaults <) YAML < flags, then validate. Raises ConfigError listing every problem.
 
-    The YAML may use this trainer's keys or TRL SFTConfig / TrainingArguments keys (trainer.config.trl).
+    The YAML may use this trainer's keys or TRL SFTConfig / TrainingArguments keys (trainer.config.trl);
+    the TrainConfig's `sources` says where each setting came from.
     """
     problems = Problems()
     values: dict[str, Any] = dict(defaults or {})
     given = {str(key).replace("-", "_"): value for key, value in yaml_values.items()}
     original = {str(key).replace("-", "_"): key for key in yaml_values}
+    carried = given.pop("sources", None)  # a resolved config written back as YAML (trainer submit's job file)
     ours = set(FLAGS) | set(EXTRA_ARGUMENTS)
-    own, mapped, hf = trl.translate(given, yaml_source, ours, problems)
+    style = trl.style(given, ours)
+    given.pop(trl.STYLE_KEY, None)
+    trl_defaults, trl_origin = trl.sft_defaults() if style == "trl" else ({}, "")
+    if style not in trl.STYLES:
+        problems.append(f"{yaml_source} key {trl.STYLE_KEY!r} = {style!r}: must be one of {', '.join(trl.STYLES)} "
+                        f"(whose defaults the keys the YAML omits take)")
+    omitted = {k: v for k, v in trl_defaults.items() if k not in given}
+    own, mapped, hf, accepted = trl.translate({**omitted, **given}, yaml_source, ours, problems)
     for name in given:
         if name not in ours and not trl.is_hf_key(name):
             problems.append(f"{yaml_source} key {clip(original[name])}: unknown configuration key{did_you_mean(name)}")
@@ -174,19 +183,54 @@ def merge(yaml_values: Mapping[str, Any], flag_values: Mapping[str, Any],
             values.update(split_out(str(value)))
         elif name != "config":
             values[name] = coerce(name, value, problems, f"{yaml_source} key")
-    for name, value in flag_values.items():
-        if name == "out":
-            values.update(split_out(str(value)))
-        elif name in FLAGS:
-            values[name] = value
+    _flags_over_yaml(values, flag_values)
+    hf_batch = None
     if "global_batch_size" not in own and "global_batch_size" not in flag_values:
         hf_batch = trl.global_batch({**TrainConfig().to_dict(), **values}, hf)
         if hf_batch is not None:
             values["global_batch_size"] = hf_batch
     problems.raise_if_any(ConfigError)
+    values["sources"] = carried if isinstance(carried, dict) and not given.keys() - ours else _sources(
+        style, trl_origin, given, omitted, mapped, own, flag_values, accepted, yaml_source, hf_batch is not None)
     cfg = TrainConfig(**values)
     validate(cfg)
     return cfg
+
+
+def _flags_over_yaml(values: dict[str, Any], flag_values: Mapping[str, Any]) -> None:
+    """Flags win; a flag's --steps replaces the YAML's epochs and --epochs its steps (transformers: one of them)."""
+    for one, other in (("steps", "epochs"), ("epochs", "steps")):
+        if one in flag_values and other not in flag_values:
+            values.pop(other, None)
+    for name, value in flag_values.items():
+        if name == "out":
+            values.update(split_out(str(value)))
+        elif name in FLAGS:
+            values[name] = value
+
+
+def _sources(style: str, trl_origin: str, given: Mapping[str, Any], omitted: Mapping[str, Any],
+             mapped: Mapping[str, Any], own: Mapping[str, Any], flag_values: Mapping[str, Any],
+             accepted: Mapping[str, str], yaml_source: str, hf_batch: bool) -> dict[str, Any]:
+    """Where each setting came from, for run.json: a flag, a YAML key, TRL's default of a key, or the default."""
+    where: dict[str, str] = {}
+    for name in FLAGS:
+        keys = [*FLAGS[name].trl, *(["output_dir"] if name in ("storage_path", "run_name") else [])]
+        if name in flag_values or (name in ("storage_path", "run_name") and "out" in flag_values):
+            where[name] = "flag"
+        elif name in own and name not in given:  # a TRL key of the same name, omitted: TRL's default
+            where[name] = f"{trl_origin} default: {name}"
+        elif name in own or (name in ("storage_path", "run_name") and "out" in own):
+            where[name] = f"{yaml_source}: {name if name in own else 'out'}"
+        elif name in mapped or (name in ("storage_path", "run_name") and "out" in mapped):
+            named = [k for k in keys if k in given]
+            where[name] = (f"{yaml_source}: {', '.join(named)}" if named else
+                           f"{trl_origin} default: {', '.join(k for k in keys if k in omitted)}")
+    if hf_batch:
+        where["global_batch_size"] = ("per_device_train_batch_size x gradient_accumulation_steps x num_workers "
+                                      "(transformers' arithmetic)")
+    return {"defaults": style if style == "trainer" else f"{style} ({trl_origin})", "settings": where,
+            "accepted": {k: why for k, why in accepted.items() if k in given}}
 
 
 def split_out(out: str) -> dict[str, str]:

@@ -1,10 +1,17 @@
 """TRL SFTConfig / transformers TrainingArguments keys in a `--config` YAML, mapped to this trainer's.
 
-A YAML written for `trl sft --config FILE` (or a TrainingArguments dump) works here: each
-common key is translated to the setting with the same meaning, and each key that has no
-counterpart is refused with the reason, so nothing is silently ignored. The global batch
-follows transformers' arithmetic: per_device_train_batch_size x gradient_accumulation_steps
-x workers, unless global_batch_size is given too (then the three must agree).
+A YAML written for `trl sft --config FILE` (or a TrainingArguments dump) means here what it means
+in TRL 1.16: each key is translated to the setting with the same meaning, keys whose value does
+nothing here are accepted and recorded, and each other key is refused with the reason and the fix,
+so nothing is silently ignored. The keys the YAML omits take TRL's defaults, read from
+`trl.SFTConfig` / `trl.ScriptArguments` themselves when TRL is installed (else from SFT_DEFAULTS,
+TRL 1.16.0's values, which a test keeps equal to the installed TRL's).
+
+Which defaults a YAML gets (`style`): `defaults: trl` or `defaults: trainer` in the YAML says it;
+otherwise a YAML is TRL's when one of its keys is a TRL/transformers name that is not also this
+trainer's own (model_name_or_path, learning_rate, ...). The global batch follows transformers'
+arithmetic: per_device_train_batch_size x gradient_accumulation_steps x workers, unless
+global_batch_size is given too (then the three must agree).
 """
 
 from __future__ import annotations
@@ -14,12 +21,14 @@ from typing import Any, Callable, Iterable, Mapping
 
 from facts.errors import Problems
 from trainer.config.flags import FLAGS, REPORT_TO
+from trainer.data import mixture
 
 # keys read with their own rules below (units, precedence, lists); every other key a flag declares
 # under `trl=` (trainer.config.flags) is a plain rename with the same meaning and unit
 CONVERTED = frozenset({"num_train_epochs", "max_steps", "warmup_steps", "warmup_ratio", "lr_scheduler_type",
                        "output_dir", "report_to", "gradient_accumulation_steps", "lr_scheduler_kwargs",
-                       "completion_only_loss", "assistant_only_loss"})
+                       "completion_only_loss", "assistant_only_loss", "dataset_mixture", "eval_strategy",
+                       "eval_steps"})
 # key -> our field, from the declarations
 RENAMES = {key: name for name, f in FLAGS.items() for key in f.trl if key not in CONVERTED}
 
@@ -32,25 +41,23 @@ _REFUSED_BY_REASON = {
     "training runs in bf16 on GPU (fp32 on CPU); fp16 is not supported": ("fp16",),
     "TF32 matmuls are not configurable here": ("tf32",),
     "the optimizer is AdamW (fused on GPU); other optimizers are not supported": ("optim",),
-    "this trainer has no evaluation loop": ("eval_strategy", "evaluation_strategy", "eval_steps", "do_eval",
-                                            "per_device_eval_batch_size", "eval_packing", "eval_dataset_name",
-                                            "dataset_test_split"),
-    "the exported model folder is not uploaded; push it yourself (huggingface-cli upload)": (
-        "push_to_hub", "hub_model_id", "hub_strategy"),
+    "keeping the best checkpoint by eval loss is not supported yet; remove the key (the eval loss is logged)": (
+        "load_best_model_at_end", "metric_for_best_model", "greater_is_better"),
+    "evaluation packs rows as training does; remove the key": ("eval_packing",),
+    "pass the held-out data with --eval-dataset": ("eval_dataset_name",),
+    "the exported model folder is not uploaded; set push_to_hub: false (or remove it) and upload the exported "
+    "folder yourself (hf upload)": ("push_to_hub",),
     "metrics go to the run folder (metrics.jsonl, tensorboard/)": ("logging_dir",),
-    "metrics are logged every log_every steps": ("logging_first_step",),
-    "a run folder is never overwritten: resubmitting its name resumes it": ("overwrite_output_dir",),
+    "metrics are logged every logging_steps steps, the first step included; remove the key": ("logging_first_step",),
     "resubmitting the same run name resumes from its last complete checkpoint": ("resume_from_checkpoint",),
     "sharding is FSDP2, set up by this trainer (--sharding)": ("deepspeed", "fsdp", "fsdp_config"),
     "Ray Train sets up the process group (NCCL on GPU, gloo on CPU)": ("ddp_backend", "local_rank"),
     "packed rows are memory-mapped; there is no DataLoader": ("dataloader_num_workers", "dataloader_pin_memory"),
-    "tokenization runs once per node in the worker": ("dataset_num_proc",),
     "full fine-tuning only (no PEFT/LoRA)": ("use_peft", "lora_r", "lora_alpha", "lora_dropout",
                                              "lora_target_modules"),
     "full fine-tuning only (no quantization)": ("load_in_4bit", "load_in_8bit"),
-    "kernels and compilation are chosen by this trainer": ("use_liger_kernel", "torch_compile"),
+    "compilation is chosen by this trainer": ("torch_compile",),
     "rows are always packed with per-document position ids": ("padding_free",),
-    "packing is always best-fit decreasing, documents truncated to the sequence length": ("packing_strategy",),
     "documents are always truncated at the end (keep_start)": ("truncation_mode",),
     "packed rows are always shuffled per epoch with the seed": ("shuffle_dataset",),
     "datasets and models are prepared by this trainer": ("dataset_kwargs", "model_init_kwargs"),
@@ -58,27 +65,86 @@ _REFUSED_BY_REASON = {
     "NEFTune is not supported": ("neftune_noise_alpha",),
     "label smoothing is not supported": ("label_smoothing_factor",),
     "rows are packed, not grouped by length": ("group_by_length",),
-    "activation checkpointing is per decoder layer, not configurable": ("gradient_checkpointing_kwargs",),
     "checkpoints always hold model, optimizer and data position (needed to resume)": ("save_only_model",),
     "the exported model is always safetensors": ("save_safetensors",),
     "use --device cpu": ("use_cpu",),
 }
 REFUSED = {key: reason for reason, keys in _REFUSED_BY_REASON.items() for key in keys}
-REFUSED_VALUES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "bf16": (lambda v: v is True, "training always uses bf16 parameters on GPU (fp32 on CPU); remove the key"),
-    "fp16": (lambda v: v is False, REFUSED["fp16"]),
-    "packing": (lambda v: v is True, "documents are always packed (position ids restart per document, so attention "
-                                     "never crosses them); packing: false is not supported"),
-    "do_train": (lambda v: v is True, "training is what this trainer does; remove the key"),
-    "logging_strategy": (lambda v: v == "steps", "metrics are logged every logging_steps steps"),
-    "save_strategy": (lambda v: v in ("steps", "no"), "checkpoints are saved every save_steps steps (or only at "
-                                                       "the end with save_strategy: no)"),
-    "optim": (lambda v: v in ("adamw_torch", "adamw_torch_fused"), REFUSED["optim"]),
-    "dtype": (lambda v: v in ("bfloat16", "auto"), "parameters are bf16 on GPU, fp32 on CPU"),
-    "torch_dtype": (lambda v: v in ("bfloat16", "auto"), "parameters are bf16 on GPU, fp32 on CPU"),
-    "trust_remote_code": (lambda v: v is False, "models with custom code are not loaded (no trust_remote_code)"),
-    "use_peft": (lambda v: v is False, REFUSED["use_peft"]),
+
+
+def _is(*values: Any) -> Callable[[Any], bool]:
+    return lambda v: any(v is x if isinstance(x, bool) else v == x for x in values)
+
+
+# key -> (is the value accepted, why it does nothing here (recorded) or why it is refused (with the fix));
+# a predicate of two arguments also sees the other TRL keys
+ACCEPTED: dict[str, tuple[Callable[..., bool], str, str]] = {
+    "bf16": (_is(True), "parameters are bf16 on GPU (fp32 on CPU)",
+             "training always uses bf16 parameters on GPU (fp32 on CPU); bf16: false (fp32 on GPU) is not supported: "
+             "remove the key or set bf16: true"),
+    "fp16": (_is(False), "fp16 is off", REFUSED["fp16"]),
+    "torch_dtype": (_is("bfloat16", "auto"), "parameters are bf16 on GPU, fp32 on CPU",
+                    "parameters are bf16 on GPU, fp32 on CPU; use bfloat16 or auto"),
+    "dtype": (_is("bfloat16", "auto"), "parameters are bf16 on GPU, fp32 on CPU",
+              "parameters are bf16 on GPU, fp32 on CPU; use bfloat16 or auto"),
+    "packing": (_is(True), "documents are always packed (position ids restart per document)",
+                "documents are always packed (position ids restart per document, so attention never crosses "
+                "them); packing: false is not supported: remove the key or set packing: true"),
+    "packing_strategy": (_is("bfd"), "packing is best-fit decreasing, overlong documents truncated (TRL's bfd)",
+                         "packing is always best-fit decreasing with overlong documents truncated (TRL's bfd); "
+                         "use packing_strategy: bfd"),
+    "do_train": (_is(True, False), "transformers' Trainer does not read it (the script does); this trainer trains",
+                 "must be true or false"),
+    "do_eval": (_is(True, False), "transformers' Trainer does not read it; evaluation follows eval_strategy",
+                "must be true or false"),
+    "logging_strategy": (_is("steps"), "metrics are logged every logging_steps steps",
+                         "metrics are logged every logging_steps steps; use logging_strategy: steps"),
+    "save_strategy": (_is("steps", "no"), "checkpoints every save_steps steps (save_strategy: no: only at the end)",
+                      "checkpoints are saved every save_steps steps (or only at the end with save_strategy: no); "
+                      "use save_strategy: steps with save_steps: N"),
+    "log_level": (lambda v: True, "log verbosity only", ""),
+    "log_level_replica": (lambda v: True, "log verbosity only", ""),
+    "log_on_each_node": (lambda v: True, "log verbosity only", ""),
+    "disable_tqdm": (lambda v: True, "progress bar only (--progress)", ""),
+    "dataset_num_proc": (lambda v: True, "tokenization processes: the tokens are the same", ""),
+    "remove_unused_columns": (_is(True, False), "only the fields of the record's format are read",
+                              "must be true or false"),
+    "overwrite_output_dir": (_is(True, False), "a run folder is never overwritten: resubmitting its name resumes it",
+                             "must be true or false"),
+    "ddp_timeout": (lambda v: True, "Ray Train sets the process group's timeout", ""),
+    "gradient_checkpointing_kwargs": (
+        lambda v: v in (None, {}) or v == {"use_reentrant": False},
+        "activation checkpointing is non-reentrant, as asked",
+        "activation checkpointing is non-reentrant here (the gradients are the same); set use_reentrant: false "
+        "or remove the key"),
+    "push_to_hub": (_is(False), "nothing is uploaded", REFUSED["push_to_hub"]),
+    "hub_model_id": (lambda v, hf: hf.get("push_to_hub") is not True, "used only by push_to_hub, which is off",
+                     REFUSED["push_to_hub"]),
+    "hub_strategy": (lambda v, hf: hf.get("push_to_hub") is not True, "used only by push_to_hub, which is off",
+                     REFUSED["push_to_hub"]),
+    "hub_private_repo": (lambda v, hf: hf.get("push_to_hub") is not True, "used only by push_to_hub, which is off",
+                         REFUSED["push_to_hub"]),
+    "average_tokens_across_devices": (_is(True), "the loss is the mean over the trained tokens of all workers",
+                                      "the loss is always the mean over the trained tokens of all workers; set "
+                                      "average_tokens_across_devices: true or remove it"),
+    "use_liger_kernel": (_is(True, False), "kernels are chosen by this trainer (the loss is the same)",
+                         "must be true or false"),
+    "dataset_streaming": (_is(False), "the dataset is read whole",
+                          "datasets are read whole and cached per node; set dataset_streaming: false"),
+    "model_revision": (_is("main", None), "the hub's main revision is the one downloaded",
+                       "only the hub's main revision is downloaded here; pin the model by downloading that "
+                       "revision to a folder (hf download ID --revision R --local-dir DIR) and pass the folder"),
+    "optim": (_is("adamw_torch", "adamw_torch_fused"), "the optimizer is AdamW (fused on GPU)", REFUSED["optim"]),
+    "trust_remote_code": (_is(False), "no custom model code is run",
+                          "models with custom code are not loaded (no trust_remote_code); set it false or remove it"),
+    "use_peft": (_is(False), "full fine-tuning", REFUSED["use_peft"]),
+    "load_best_model_at_end": (_is(False), "the last checkpoint is exported", REFUSED["load_best_model_at_end"]),
 }
+
+
+def _accepted(key: str, value: Any, hf: Mapping[str, Any]) -> bool:
+    ok = ACCEPTED[key][0]
+    return bool(ok(value, hf) if ok.__code__.co_argcount == 2 else ok(value))
 
 
 @functools.cache
@@ -91,6 +157,67 @@ def _training_argument_names() -> frozenset[str]:
         return frozenset(f.name for f in dataclasses.fields(TrainingArguments))
     except Exception:  # noqa: BLE001 - without transformers, only the listed keys are known
         return frozenset()
+
+
+# the keys whose TRL default this trainer applies to a TRL YAML that omits them, with TRL 1.16.0's values
+# (used only where TRL is not installed; tests/trainer/test_trl_recipes.py keeps them equal to trl.SFTConfig's)
+SFT_DEFAULTS: dict[str, Any] = {
+    "learning_rate": 2e-05, "num_train_epochs": 3.0, "max_steps": -1, "lr_scheduler_type": "linear",
+    "max_length": 1024, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "adam_beta1": 0.9,
+    "adam_beta2": 0.999, "adam_epsilon": 1e-08, "weight_decay": 0.0, "max_grad_norm": 1.0, "warmup_steps": 0,
+    "seed": 42, "logging_steps": 10, "save_steps": 500, "gradient_checkpointing": True, "dataset_text_field": "text",
+    "assistant_only_loss": False, "report_to": "none", "dataset_train_split": "train",
+}
+# completion_only_loss defaults to None in TRL (completion-only for prompt/completion records): given or not,
+# it is read as None here, so it needs no default
+
+
+def _trl_classes() -> list:
+    from trl import ModelConfig, ScriptArguments, SFTConfig
+
+    return [SFTConfig, ScriptArguments, ModelConfig]
+
+
+@functools.cache
+def _sft_names() -> frozenset[str]:
+    """Every key TRL's `trl sft` reads from a YAML (SFTConfig, ScriptArguments, ModelConfig)."""
+    import dataclasses
+
+    try:
+        return frozenset(f.name for c in _trl_classes() for f in dataclasses.fields(c))
+    except Exception:  # noqa: BLE001 - without TRL, the listed and TrainingArguments keys are known
+        return frozenset()
+
+
+@functools.cache
+def sft_defaults() -> tuple[dict[str, Any], str]:
+    """TRL's default of each key of SFT_DEFAULTS, read from the installed TRL's dataclasses, and where from."""
+    import dataclasses
+
+    try:
+        import trl
+
+        found: dict[str, Any] = {}
+        for cls in reversed(_trl_classes()):  # SFTConfig last: its value wins
+            for f in dataclasses.fields(cls):
+                if f.name in SFT_DEFAULTS:
+                    found[f.name] = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        return found, f"trl {trl.__version__}"
+    except Exception:  # noqa: BLE001 - TRL is not installed where this runs: its 1.16.0 values
+        return dict(SFT_DEFAULTS), "trl 1.16.0 (SFT_DEFAULTS; trl is not installed)"
+
+
+STYLE_KEY = "defaults"  # `defaults: trl` or `defaults: trainer` in a YAML: whose defaults its omitted keys take
+STYLES = ("trl", "trainer")
+
+
+def style(given: Mapping[str, Any], ours: set[str]) -> str:
+    """Whose defaults a YAML's omitted keys take: its `defaults:` key, else TRL's when it names a TRL/transformers
+    key that is not also this trainer's own, else this trainer's."""
+    explicit = given.get(STYLE_KEY)
+    if explicit is not None:
+        return str(explicit)
+    return "trl" if any(k not in ours and is_hf_key(k) for k in given) else "trainer"
 
 
 def training_arguments(cfg: Any, names: Iterable[str]) -> dict[str, Any]:
@@ -112,8 +239,8 @@ def known_keys() -> set[str]:
 
 
 def is_hf_key(name: str) -> bool:
-    return name in RENAMES or name in REFUSED or name in REFUSED_VALUES or name in CONVERTED or \
-        name in _training_argument_names()
+    return name in RENAMES or name in REFUSED or name in ACCEPTED or name in CONVERTED or \
+        name in _training_argument_names() or name in _sft_names()
 
 
 # names both trainers use, read with transformers' rules (a float warmup_steps below 1 is a ratio, report_to a list)
@@ -121,11 +248,13 @@ SHARED_SEMANTICS = {"warmup_steps", "warmup_ratio", "report_to"}
 
 
 def translate(values: Mapping[str, Any], source: str, ours: set[str],
-              problems: Problems) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+              problems: Problems) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, str]]:
     """YAML keys as (our keys, TRL/transformers keys translated to ours, the TRL/transformers keys as
-    given), each problem added to `problems`; unknown keys are left to the caller."""
+    given, the keys accepted because their value does nothing here: key -> why), each problem added to
+    `problems`; unknown keys are left to the caller."""
     own: dict[str, Any] = {}
     mapped: dict[str, Any] = {}
+    accepted: dict[str, str] = {}
     hf = {k: v for k, v in values.items() if (k not in ours or k in SHARED_SEMANTICS) and is_hf_key(k)}
 
     def refuse(key: str, why: str) -> None:
@@ -134,11 +263,21 @@ def translate(values: Mapping[str, Any], source: str, ours: set[str],
     for key, value in values.items():
         if key in ours and key not in hf:
             own[key] = value
-    _renamed(hf, mapped, refuse)
+    _renamed(hf, mapped, accepted, refuse)
+    if hf.get("save_strategy") == "no":  # transformers saves no checkpoint then; here only the final one
+        mapped["checkpoint_every"] = 0
+    if hf.get("max_steps") == -1:
+        accepted["max_steps"] = "-1: the run's length is num_train_epochs"
     _epochs_and_steps(hf, mapped, refuse)
+    _evaluation(hf, mapped, accepted, refuse)
     _warmup(hf, mapped, refuse)
     _schedule(hf, mapped, refuse)
     _loss_mask(hf, mapped, refuse)
+    if "dataset_mixture" in hf:  # alignment-handbook's; it wins over dataset_name, as there
+        try:
+            mapped["dataset"] = mixture.spec(hf["dataset_mixture"])
+        except ValueError as e:
+            refuse("dataset_mixture", f"{e} (alignment-handbook's dataset_mixture)")
     if "output_dir" in hf:
         mapped["out"] = hf["output_dir"]
     if "report_to" in hf:
@@ -146,22 +285,25 @@ def translate(values: Mapping[str, Any], source: str, ours: set[str],
     for key in set(own) & set(mapped):
         problems.append(f"{source}: both {key!r} and its TRL/transformers name are given; keep one")
     _gradient_accumulation(hf, mapped, refuse)
-    return own, mapped, hf
+    return own, mapped, hf, accepted
 
 
-def _renamed(hf: dict, mapped: dict, refuse) -> None:
-    """Each key by its table: a refused value, a rename, refused outright, converted later, or unknown here."""
+def _renamed(hf: dict, mapped: dict, accepted: dict, refuse) -> None:
+    """Each key by its table: accepted (its value does nothing here), a rename, refused outright, converted later,
+    or unknown here."""
     for key, value in hf.items():
-        if key in REFUSED_VALUES:
-            ok, why = REFUSED_VALUES[key]
-            if not ok(value):
+        if key in ACCEPTED:
+            _, note, why = ACCEPTED[key]
+            if _accepted(key, value, hf):
+                accepted[key] = note
+            else:
                 refuse(key, why)
         elif key in RENAMES:
             mapped[RENAMES[key]] = value
         elif key in REFUSED:
             refuse(key, REFUSED[key])
         elif key not in CONVERTED:
-            refuse(key, "a transformers TrainingArguments option with no counterpart in this trainer")
+            refuse(key, "a TRL/transformers option with no counterpart in this trainer")
 
 
 def _gradient_accumulation(hf: dict, mapped: dict, refuse) -> None:
@@ -197,6 +339,22 @@ def _epochs_and_steps(hf: dict, mapped: dict, refuse) -> None:
             mapped["epochs"] = int(epochs)
         else:
             refuse("num_train_epochs", "only whole epochs are supported; use max_steps for a partial epoch")
+
+
+def _evaluation(hf: dict, mapped: dict, accepted: dict, refuse) -> None:
+    """eval_strategy: steps evaluates every eval_steps (transformers: logging_steps when unset); 'no' never."""
+    key = "eval_strategy"
+    strategy, every = hf.get(key, "no"), hf.get("eval_steps")
+    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+        refuse("eval_steps", "must be a whole number of steps, at least 1 (a fraction of the run is not supported)")
+    elif strategy == "steps":
+        mapped["eval_every"] = every or hf.get("logging_steps", 10)
+    elif strategy == "no":
+        accepted[key] = "evaluation is off"
+        if every is not None:
+            accepted["eval_steps"] = "used only when eval_strategy is steps"
+    else:
+        refuse(key, "evaluation runs every eval_steps steps; use eval_strategy: steps with eval_steps: N (or 'no')")
 
 
 def _warmup(hf: dict, mapped: dict, refuse) -> None:
@@ -237,18 +395,24 @@ def _schedule(hf: dict, mapped: dict, refuse) -> None:
 
 
 def _loss_mask(hf: dict, mapped: dict, refuse) -> None:
-    assistant, completion = hf.get("assistant_only_loss"), hf.get("completion_only_loss")
-    if assistant is True:
+    """TRL's two switches as one --train-on: assistant_only_loss (default false: messages train every token)
+    and completion_only_loss (default None: prompt/completion records train their completion)."""
+    if "assistant_only_loss" not in hf and "completion_only_loss" not in hf:
+        return
+    assistant, completion = hf.get("assistant_only_loss", False), hf.get("completion_only_loss")
+    if not isinstance(assistant, bool) or completion not in (None, True, False):
+        refuse("assistant_only_loss" if not isinstance(assistant, bool) else "completion_only_loss",
+               "must be true or false")
+    elif assistant and completion is False:
+        refuse("completion_only_loss", "with assistant_only_loss: true, TRL trains the assistant turns of the prompt "
+                                       "too; not supported: remove completion_only_loss (completions and assistant "
+                                       "turns are trained)")
+    elif assistant:
         mapped["train_on"] = "completion"
     elif completion is False:
         mapped["train_on"] = "all"
-    elif assistant is False and "assistant_only_loss" in hf and completion is not True:
-        refuse("assistant_only_loss", "TRL trains messages records on every token unless assistant_only_loss is "
-                                      "true, but prompt/completion records on the completion; this trainer applies "
-                                      "one rule: use train_on: completion (assistant and completion tokens) or "
-                                      "train_on: all")
-    elif completion is True:
-        mapped["train_on"] = "completion"
+    else:
+        mapped["train_on"] = "completion_only"
 
 
 def global_batch(values: Mapping[str, Any], hf: Mapping[str, Any]) -> int | None:

@@ -11,16 +11,22 @@ Formats (TRL's "standard" and "conversational" dataset types, plus three common 
 Nothing is ever turned into Python repr text: a record is rendered by the chat template
 (content parts that are all text become the string they spell when the template expects
 strings), or refused with an error naming the dataset, the record, the field and what was
-found there. Token masks follow TRL's SFTTrainer for the same record and template:
+found there. A record's `chat_template_kwargs` (e.g. {enable_thinking: false}) reach the
+template, as in TRL. Token masks follow TRL's SFTTrainer for the same record and template:
 
     --train-on completion (default)  prompt/completion: the completion tokens (TRL completion_only_loss);
                                      messages: the assistant turns (TRL assistant_only_loss); text: all tokens
+    --train-on completion_only       prompt/completion: the completion; messages, text: every token
+                                     (TRL's defaults: completion_only_loss without assistant_only_loss)
     --train-on all                   every token
 
-Assistant turns are located with the template's `{% generation %}` markers when it has them
-(transformers' return_assistant_tokens_mask, exactly what TRL uses); otherwise each turn is
-what rendering the conversation up to it adds after the generation prompt, which is what the
-model sees at inference.
+Assistant turns are located as TRL locates them: with the template's `{% generation %}` markers
+when it has them (transformers' return_assistant_tokens_mask); otherwise, when TRL is installed
+and ships a training version of the template (`get_training_chat_template`), with that version:
+the conversation is then rendered by it, exactly as TRL's SFTTrainer renders it. Otherwise (no
+TRL, or a template TRL refuses) each turn is what rendering the conversation up to it adds after
+the generation prompt (what the model sees at inference); a template that rewrites earlier turns
+is then refused.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from typing import Any
 from facts.errors import UserError, first_line
 
 ROLES = ("system", "user", "assistant", "tool")
-TRAIN_ON = ("completion", "all")
+TRAIN_ON = ("completion", "completion_only", "all")
 _SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "bot": "assistant", "model": "assistant",
                    "function_call": "assistant", "observation": "tool", "function": "tool"}
 _GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -64,6 +70,7 @@ class Example:
     text: str | None = None
     tools: list[dict] | None = None
     where: str = ""
+    template_kwargs: dict = field(default_factory=dict)  # the record's chat_template_kwargs
 
 
 def _drop_none(value: Any) -> Any:
@@ -161,10 +168,34 @@ def _text(record: dict, name: str, where: str) -> str:
     return value
 
 
+def _template_kwargs(record: dict, where: str) -> dict:
+    """The record's chat_template_kwargs column (TRL passes it to the template), unset keys dropped."""
+    value = record.get("chat_template_kwargs")
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise RecordError(f"{where} field chat_template_kwargs: a string that is not valid JSON ({e.msg})") from None
+    if not isinstance(value, dict):
+        raise RecordError(f"{where} field chat_template_kwargs: expected an object of template variables "
+                          f"(e.g. {{\"enable_thinking\": false}}), found {_found(value)}")
+    return _drop_none(value)
+
+
 def to_example(record: Any, where: str, text_field: str = "text") -> Example:
     """A record as an Example, or a RecordError naming the field and what it holds."""
     if not isinstance(record, dict):
         raise RecordError(f"{where}: expected an object (a row with named fields), found {_found(record)}")
+    # Arrow gives a file's every record the union of all records' fields, the missing ones as None
+    ex = _to_example({k: v for k, v in record.items() if v is not None}, where, text_field)
+    if ex.conversational:
+        ex.template_kwargs = _template_kwargs(record, where)
+    return ex
+
+
+def _to_example(record: dict, where: str, text_field: str) -> Example:
     tools = _tools(record, where)
     if "prompt" in record and "completion" in record:
         prompt, completion = record["prompt"], record["completion"]
@@ -194,6 +225,13 @@ def to_example(record: Any, where: str, text_field: str = "text") -> Example:
     hint = "" if text_field == "text" else f" (the text field is {text_field!r}: --dataset-text-field)"
     raise RecordError(f"{where}: has none of the supported field sets ({'; '.join(FORMATS)}){hint}; "
                       f"its fields are: {names}")
+
+
+def format_name(ex: Example) -> str:
+    """The record format's name in messages: messages, prompt/completion (conversational or standard), text."""
+    if ex.kind == "prompt_completion":
+        return f"prompt/completion ({'conversational' if ex.conversational else 'standard'})"
+    return ex.kind
 
 
 def _chat_pair(record: dict, where: str) -> tuple[str, str] | None:
@@ -249,10 +287,32 @@ class Renderer:
         self.tok = tokenizer
         self.train_on = train_on
         self._probes: dict[str, bool] = {}
+        self._training: tuple[str | None] | None = None  # (TRL's training template or None,), once asked
+
+    # -- the template the conversations are rendered with: TRL's training version when it swaps one in
+    def training_template(self) -> str | None:
+        """TRL's training version of the tokenizer's template, used (as TRL uses it) when locating assistant
+        turns of a template without {% generation %} markers; None: the tokenizer's own template."""
+        if self._training is None:
+            use = self.train_on == "completion" and self.has_template and not self._own_markers
+            self._training = (trl_training_template(self.tok) if use else None,)
+        return self._training[0]
+
+    @property
+    def _own_markers(self) -> bool:
+        template = self.tok.chat_template
+        template = template.get("default", "") if isinstance(template, dict) else template or ""
+        return bool(_GENERATION.search(template))
+
+    def _apply(self, messages: list[dict], **kw):
+        template = self.training_template() if self.train_on == "completion" else None
+        if template is not None:
+            kw["chat_template"] = template
+        return self.tok.apply_chat_template(messages, **kw)
 
     # -- what the template can do (asked once each, when a record needs it)
     def _render(self, messages: list[dict], **kw) -> str:
-        return self.tok.apply_chat_template(messages, tokenize=False, **kw)
+        return self._apply(messages, tokenize=False, **kw)
 
     def _probe(self, name: str) -> bool:
         if name not in self._probes:
@@ -279,9 +339,8 @@ class Renderer:
 
     @property
     def generation_markers(self) -> bool:
-        template = self.tok.chat_template
-        template = template.get("default", "") if isinstance(template, dict) else template or ""
-        return bool(_GENERATION.search(template))
+        """Whether the template the assistant turns are located with has {% generation %} markers."""
+        return self._own_markers or self.training_template() is not None
 
     def _prepare(self, ex: Example, messages: list[dict], name: str) -> list[dict]:
         """Content parts flattened when the template expects strings; tool calls only if it renders them."""
@@ -303,12 +362,12 @@ class Renderer:
 
     def _kwargs(self, ex: Example) -> dict:
         if not ex.tools:
-            return {}
+            return dict(ex.template_kwargs)
         if not self._probe("tools"):
             raise RecordError(f"{ex.where} field tools: the chat template does not render a tools list, so the "
                               f"tool definitions would be silently dropped; use a template that supports tools "
                               f"(--chat-template FILE)")
-        return {"tools": ex.tools}
+        return {**ex.template_kwargs, "tools": ex.tools}
 
     def _template_error(self, ex: Example, err: Exception) -> RecordError:
         return RecordError(f"{ex.where}: the chat template cannot render this record "
@@ -348,10 +407,18 @@ class Renderer:
             kw = self._kwargs(ex)
             prompt = self._prepare(ex, ex.prompt, "prompt")
             completion = self._prepare(ex, ex.completion, "completion")
-            prompt_ids = self.tok.apply_chat_template(prompt, tokenize=True, return_dict=True,
-                                                      add_generation_prompt=True, **kw)["input_ids"]
-            ids = self.tok.apply_chat_template(prompt + completion, tokenize=True, return_dict=True,
-                                               **kw)["input_ids"]
+            prompt_ids = self._apply(prompt, tokenize=True, return_dict=True, add_generation_prompt=True,
+                                     **kw)["input_ids"]
+            assistant = self.train_on == "completion" and self.generation_markers
+            out = self._apply(prompt + completion, tokenize=True, return_dict=True,
+                              return_assistant_tokens_mask=assistant, **kw)
+            ids = list(out["input_ids"])
+            if self.train_on != "all":
+                start = _common_prefix(list(prompt_ids), ids)
+                mask = [False] * start + [True] * (len(ids) - start)
+                if assistant:  # TRL: the completion mask and the assistant mask, both
+                    mask = [m and bool(a) for m, a in zip(mask, out["assistant_masks"], strict=True)]
+                return ids, mask
         else:
             prompt_ids = self.tok(text=ex.prompt)["input_ids"]
             ids = self.tok(text=ex.prompt + self._eos(ex.completion))["input_ids"]
@@ -364,8 +431,8 @@ class Renderer:
     def _encode_messages(self, ex: Example) -> tuple[list[int], list[bool]]:
         kw = self._kwargs(ex)
         messages = self._prepare(ex, ex.messages, "messages")
-        if self.train_on == "all":
-            ids = list(self.tok.apply_chat_template(messages, tokenize=True, return_dict=True, **kw)["input_ids"])
+        if self.train_on != "completion":
+            ids = list(self._apply(messages, tokenize=True, return_dict=True, **kw)["input_ids"])
             return ids, [True] * len(ids)
         if not any(m["role"] == "assistant" for m in messages):
             raise RecordError(f"{ex.where} field messages: no assistant message to learn from (roles: "
@@ -375,9 +442,13 @@ class Renderer:
                               f"the turn would be trained (the model learns to answer nothing); fill them in, or "
                               f"remove the record")
         if self.generation_markers:
-            out = self.tok.apply_chat_template(messages, tokenize=True, return_dict=True,
-                                               return_assistant_tokens_mask=True, **kw)
-            return list(out["input_ids"]), [bool(b) for b in out["assistant_masks"]]
+            out = self._apply(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True, **kw)
+            mask = [bool(b) for b in out["assistant_masks"]]
+            if not any(mask):
+                raise RecordError(f"{ex.where} field messages: the chat template's {{% generation %}} markers mark "
+                                  f"no token of this conversation (as TRL finds too); fix the template's markers "
+                                  f"(--chat-template FILE), or pass --train-on all")
+            return list(out["input_ids"]), mask
         text, spans = self.assistant_spans(ex, messages, kw)
         try:
             enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
@@ -420,3 +491,17 @@ class Renderer:
                     mask += [trained] * len(seg)
             at = e
         return ids, mask
+
+
+def trl_training_template(tokenizer) -> str | None:
+    """TRL's training version of the tokenizer's template (what TRL's SFTTrainer swaps in for assistant-only
+    loss), or None: TRL is not installed here, or it has no training version of this template (TRL refuses
+    it; this trainer then finds the turns by rendering prefixes, refusing templates that rewrite history)."""
+    try:
+        from trl.chat_template_utils import get_training_chat_template
+    except Exception:  # noqa: BLE001 - TRL is not installed here: prefix rendering
+        return None
+    try:
+        return get_training_chat_template(tokenizer)
+    except ValueError:
+        return None

@@ -27,7 +27,7 @@ import numpy as np
 
 from trainer import cache
 from trainer.data import sources
-from trainer.data.formats import DataError, Example, RecordError, Renderer, to_example
+from trainer.data.formats import DataError, Example, RecordError, Renderer, format_name, to_example
 
 __all__ = ["DataError", "RecordError", "DataSpec", "PackedData", "prepare", "pack", "load_records", "check_records"]
 
@@ -51,6 +51,14 @@ class DataSpec:
         return cls(cfg.dataset, cfg.dataset_split, cfg.dataset_config, cfg.dataset_text_field, cfg.train_on,
                    cfg.overlong)
 
+    @classmethod
+    def eval_from_config(cls, cfg) -> "DataSpec":
+        """The held-out data: --eval-dataset, else --dataset's --eval-split, masked and packed as training is."""
+        if cfg.eval_dataset:
+            return cls(cfg.eval_dataset, "train", None, cfg.dataset_text_field, cfg.train_on, cfg.overlong)
+        return cls(cfg.dataset, cfg.eval_split, cfg.dataset_config, cfg.dataset_text_field, cfg.train_on,
+                   cfg.overlong)
+
 
 # ---------------------------------------------------------------- records
 
@@ -71,9 +79,20 @@ def check_records(records: Sequence[dict], spec: str, sample: int = 100, *, rend
     """Pre-flight: not empty, and the first records parse (and render, given the tokenizer's renderer)."""
     if not records:
         raise DataError(f"dataset {spec!r}: is empty; it needs at least one record")
-    for ex in examples(records[:sample], spec, text_field):
+    by_format: dict[str, list[int]] = {}
+    for i, ex in enumerate(examples(records[:sample], spec, text_field)):
+        by_format.setdefault(format_name(ex), []).append(i)
         if renderer is not None:
             renderer.encode(ex)
+    if len(by_format) > 1:
+        named = "; ".join(f"{name}: records {_numbers(rows)}" for name, rows in by_format.items())
+        raise DataError(f"dataset {spec!r}: mixes record formats ({named}); TRL reads a dataset as one format "
+                        f"(its loss mask and EOS rules follow the first record), so train one format per dataset: "
+                        f"convert the records to one format, or split the file")
+
+
+def _numbers(rows: list[int], shown: int = 8) -> str:
+    return ", ".join(map(str, rows[:shown])) + (f" and {len(rows) - shown} more" if len(rows) > shown else "")
 
 
 def tokenize(records: Iterable[dict], renderer: Renderer, spec: str,
@@ -352,6 +371,25 @@ class PackedData:
         """Real (non-padding) tokens of every row the first `steps` steps train on."""
         real = self.arrays["real_tokens"]
         return int(sum(int(real[np.sort(self.step_rows(s, global_batch, seed))].sum()) for s in range(steps)))
+
+    def eval_batches(self, *, rank: int, world_size: int, batch: int) -> list[dict]:
+        """This rank's share of every row, in batches; every rank gets the same number of batches (FSDP's
+        collectives need it): a rank short of rows gets row 0 with no trained token."""
+        import torch
+
+        per_rank = -(-self.num_rows // world_size)
+        mine = np.arange(rank * per_rank, min((rank + 1) * per_rank, self.num_rows))
+        out = []
+        for i in range(0, per_rank, batch):
+            idx = mine[i:i + batch]
+            filler = not len(idx)
+            idx = idx if len(idx) else np.zeros(1, dtype=np.int64)
+            mb = {name: torch.from_numpy(np.asarray(arr[idx], dtype=np.int64 if arr.ndim == 2 else np.int32))
+                  for name, arr in self.arrays.items()}
+            if filler:
+                mb["labels"].fill_(IGNORE_INDEX)
+            out.append(mb)
+        return out
 
     def micro_batches(self, step: int, *, rank: int, world_size: int, global_batch: int,
                       micro_batch: int, seed: int) -> list[dict]:

@@ -28,6 +28,7 @@ from typing import Any
 
 from facts.errors import first_line
 from trainer import cache
+from trainer.data import mixture
 from trainer.data.formats import DataError
 from trainer.storage import Storage
 
@@ -47,9 +48,12 @@ class Source:
     config: str | None = None
     split: str = "train"
     builder: str | None = None
+    members: tuple = ()  # a mixture's datasets, each resolved (trainer.data.mixture)
 
     @property
     def label(self) -> str:
+        if self.kind == "mixture":
+            return f"dataset {mixture.label(self.spec)}"
         extra = [f"config {self.config!r}" if self.config else "", f"split {self.split!r}"]
         return f"dataset {self.spec!r} ({', '.join(e for e in extra if e)})"
 
@@ -83,6 +87,10 @@ def _local_kind(path: Path, spec: str) -> tuple[str, str | None]:
 def resolve(spec: str, *, config: str | None = None, split: str = "train", storage_fs: Any = None,
             cache_dir: str | Path | None = None) -> Source:
     """Where `spec` points; s3:// objects are copied into the cache first. Raises DataError if missing."""
+    if mixture.is_mixture(spec):
+        members = tuple(resolve(m["id"], config=m["config"], split=m["split"], storage_fs=storage_fs,
+                                cache_dir=cache_dir) for m in mixture.parse(spec)["datasets"])
+        return Source(spec, "mixture", spec, split=split, members=members)
     if spec.startswith("s3://"):
         local = _fetch_s3(spec, storage_fs, Path(cache_dir or cache.default_dir()))
         kind, builder = _local_kind(local, spec)
@@ -239,6 +247,8 @@ def open_dataset(source: Source, *, streaming: bool = False, cache_dir: str | Pa
 
     check_json_depth(source)
     datasets.disable_progress_bars()  # the trainer reports its own progress; these would flood job logs
+    if source.kind == "mixture":
+        return _open_mixture(source, cache_dir)
     kw: dict[str, Any] = {"cache_dir": str(Path(cache_dir) / "datasets")} if cache_dir else {}
     quiet = logging.getLogger("datasets")  # its readers log the error they raise; the DataError below names it
     level = quiet.level
@@ -270,6 +280,38 @@ def open_dataset(source: Source, *, streaming: bool = False, cache_dir: str | Pa
         quiet.setLevel(level)
 
 
+def _open_mixture(source: Source, cache_dir: str | Path | None):
+    """alignment-handbook's get_dataset: columns, weights (shuffled with the seed), concatenated and shuffled,
+    the train part of the test split."""
+    import datasets
+
+    mix = mixture.parse(source.spec)
+    seed, parts = mix["seed"], []
+    for entry, member in zip(mix["datasets"], source.members, strict=True):
+        ds = open_dataset(member, cache_dir=cache_dir)
+        if entry["columns"] is not None:
+            missing = [c for c in entry["columns"] if c not in ds.column_names]
+            if missing:
+                raise DataError(f"{member.label} (in the dataset_mixture): no column {', '.join(missing)}; its "
+                                f"columns are {', '.join(ds.column_names)}")
+            ds = ds.select_columns(entry["columns"])
+        if entry["weight"] is not None:
+            ds = ds.shuffle(seed=seed).select(range(int(len(ds) * entry["weight"])))
+        parts.append(ds)
+    try:
+        combined = datasets.concatenate_datasets(parts).shuffle(seed=seed)
+    except ValueError as e:
+        raise DataError(f"{source.label}: its datasets cannot be concatenated ({first_line(e)}); select the same "
+                        f"columns of each (columns: [...])") from None
+    if mix["test_split_size"] is not None:
+        return combined.train_test_split(test_size=mix["test_split_size"], seed=seed)[
+            "test" if source.split == "test" else "train"]
+    if source.split == "test":
+        raise DataError(f"{source.label}: has no test split to evaluate; give the mixture a test_split_size, or "
+                        f"pass --eval-dataset")
+    return combined
+
+
 _SPLIT = re.compile(r"^([\w.-]+)(?:\[(-?\d*):(-?\d*)\])?$")
 
 
@@ -298,7 +340,7 @@ def _saved_split(saved, source: Source):
 def records(source: Source, *, limit: int | None = None, cache_dir: str | Path | None = None) -> list[dict]:
     """The split's records as dicts (only the first `limit`, streamed, for a hub dataset)."""
     try:
-        if limit and source.kind == "hub":
+        if limit and source.kind == "hub":  # (a mixture is read whole: its weights and shuffle need every record)
             ds = open_dataset(source, streaming=True, cache_dir=cache_dir)
             return [dict(r) for r in ds.take(limit)]
         ds = open_dataset(source, cache_dir=cache_dir)
@@ -316,6 +358,8 @@ def fingerprint(source: Source, cache_dir: str | Path | None = None) -> dict:
     its file on every run) is the same data, and keeps its packed rows in the cache.
     """
     info: dict[str, Any] = {"spec": source.spec, "kind": source.kind, "config": source.config, "split": source.split}
+    if source.kind == "mixture":
+        return {**info, "members": [fingerprint(m, cache_dir) for m in source.members]}
     if source.kind == "hub":
         return info
     path = Path(source.path)

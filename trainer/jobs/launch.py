@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 
 from facts import ray as ray_facts
 from facts.errors import EXIT_FAILED, EXIT_OK, UserError, first_line
-from trainer.config.flags import ConfigError, TrainConfig, flag, is_remote
+from trainer.config.flags import ConfigError, TrainConfig, flag, is_inline_template, is_remote
 from trainer.config.load import add_arguments, from_args
 from trainer.data.formats import Renderer
 from trainer.data.packing import DataError, DataSpec, check_records, load_records, prepare, tokenizer_fingerprint
@@ -26,7 +26,7 @@ from trainer.loop.metrics import credential_problems, missing_backends
 from trainer.loop.run import CHAT_TEMPLATE_KEY, train_func
 from trainer.model.build import check_architecture
 from trainer.model.errors import ModelSourceError
-from trainer.model.sources import check_weights, read_model_config, tokenizer_only
+from trainer.model.sources import check_weights, read_model_config, set_eos_token, tokenizer_only
 from trainer.run_folder import checkpoint as ckpt
 from trainer.run_folder import lock as run_lock
 from trainer.run_folder import resume
@@ -34,7 +34,10 @@ from trainer.storage import Storage, location_problem
 
 
 def read_chat_template(spec: str, storage_fs: Any = None) -> str:
-    """The text of --chat-template (a local or s3:// Jinja file); ValueError naming what is wrong."""
+    """The text of --chat-template (a local or s3:// Jinja file, or the template itself); ValueError naming what
+    is wrong."""
+    if is_inline_template(spec):
+        return spec
     try:
         if spec.startswith("s3://"):
             parent, _, name = spec.rpartition("/")
@@ -53,6 +56,7 @@ def preflight_tokenizer(cfg: TrainConfig, storage_fs: Any = None):
     tok = tokenizer_only(cfg.tokenizer or cfg.model, cfg.resolved_cache_dir, storage_fs=storage_fs)
     if cfg.chat_template:
         tok.chat_template = read_chat_template(cfg.chat_template, storage_fs)
+    set_eos_token(tok, cfg.eos_token)
     return tok
 
 
@@ -165,6 +169,11 @@ def _check_data(cfg: TrainConfig, tokenizer, dataset_fs: Any, info: dict, *, ful
             packed.step_rows(0, cfg.global_batch_size, cfg.seed)  # at least one global batch
         info["data"] = packed.meta
         info["notes"] += data_summary(packed.meta, cfg.overlong)
+        if cfg.evaluates:  # the held-out rows, packed into the same cache the workers read
+            held_out = prepare(DataSpec.eval_from_config(cfg), tokenizer=tokenizer, seq_len=cfg.seq_len,
+                               cache_dir=cfg.resolved_cache_dir, storage_fs=dataset_fs)
+            info["notes"].append(f"evaluation: {held_out.num_rows:,} packed rows every {cfg.eval_every} steps"
+                                 if cfg.eval_every else f"evaluation: {held_out.num_rows:,} packed rows at the start")
         return
     records = load_records(cfg.dataset, cfg.dataset_split, config=cfg.dataset_config,
                            storage_fs=dataset_fs, limit=100, cache_dir=cfg.resolved_cache_dir)

@@ -216,8 +216,8 @@ class TensorBoardBackend:
         self.tb = SummaryWriter(str(folder / TENSORBOARD_DIR), purge_step=start_step + 1 if start_step else None)
 
     def log(self, metrics: dict[str, Any], step: int) -> None:
-        for key, value in _scalars(metrics).items():
-            self.tb.add_scalar(f"train/{key}", value, step)
+        for key, value in _scalars(metrics).items():  # eval_loss -> eval/loss, as transformers' Trainer names it
+            self.tb.add_scalar(f"eval/{key[5:]}" if key.startswith("eval_") else f"train/{key}", value, step)
         self.tb.flush()
 
     def close(self) -> None:
@@ -304,7 +304,7 @@ class MetricsWriter:
             f.write(json.dumps(metrics) + "\n")
         for backend in self.backends:
             backend.log(metrics, metrics["step"])
-        if self.bar is not None:
+        if self.bar is not None and "loss" in metrics:  # (an eval-only line has no training loss)
             self.bar.show(metrics["step"], metrics)
 
     def event(self, kind: str, **fields: Any) -> None:

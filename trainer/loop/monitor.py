@@ -63,11 +63,16 @@ class Monitor:
                 self.upload()
             raise
 
-    def log(self, step: int, *, epoch: int, vote: bool) -> dict:
-        """The interval's metrics, written; `vote` (rank 0's) reaches every rank as `voted`."""
-        metrics = {**self.tracker.summarize(step, vote=vote), "epoch": epoch}
+    def log(self, step: int, *, epoch: int, vote: bool, extra: dict | None = None) -> dict:
+        """The interval's metrics (and `extra`: an evaluation's), written; `vote` (rank 0's) reaches every rank
+        as `voted`."""
+        metrics = {**self.tracker.summarize(step, vote=vote), "epoch": epoch, **(extra or {})}
         self.writer.log(metrics)
         return metrics
+
+    def log_eval(self, step: int, result: dict) -> None:
+        """An evaluation outside a logging step (eval_on_start): its own metrics line."""
+        self.writer.log({"step": step, **result})
 
     @property
     def voted(self) -> bool:

@@ -27,9 +27,9 @@ from trainer.loop import memory, optim
 from trainer.loop.checkpointer import Checkpointer, Reporter, report_to_ray
 from trainer.loop.monitor import Monitor
 from trainer.loop.parallel import WorkerEnv, setup_parallel, transport_check
-from trainer.loop.step import DEFAULT_LOSS, check_loss_path, resolve_loss, train_step
+from trainer.loop.step import DEFAULT_LOSS, check_loss_path, eval_loss, resolve_loss, train_step
 from trainer.model.build import build_model
-from trainer.model.sources import load_tokenizer, resolve_model_path
+from trainer.model.sources import load_tokenizer, resolve_model_path, set_eos_token
 from trainer.run_folder import record as run_record
 from trainer.run_folder.export import export_hf
 from trainer.run_folder.resume import INPUTS_KEY
@@ -50,6 +50,7 @@ class Inputs(NamedTuple):
     model_path: Path  # a local folder: the node's cache for hub and s3:// models
     tokenizer: Any
     data: PackedData
+    eval_data: PackedData | None = None  # the held-out rows (--eval-every / --eval-on-start)
 
 
 def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *, latest_checkpoint: str | None = None,
@@ -62,7 +63,7 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *, latest_checkpoint
     (the driver's trainer.run_folder.resume.inputs) go into run.json.
     """
     torch.manual_seed(cfg.seed)
-    model_path, tokenizer, data = fetch_inputs(cfg, storage, chat_template)
+    model_path, tokenizer, data, eval_data = fetch_inputs(cfg, storage, chat_template)
     steps, gb = cfg.total_steps(data.steps_per_epoch(cfg.global_batch_size)), cfg.global_batch_size
     data.step_rows(0, gb, cfg.seed)  # fails early if the data is smaller than one batch
     model = build_model(model_path, device=env.device, use_gpu=cfg.use_gpu, mesh=env.mesh,
@@ -77,6 +78,18 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *, latest_checkpoint
     start = checkpointer.resume(latest_checkpoint)
     monitor = Monitor(cfg, env, storage, model, start=start, total_steps=steps)
     record = announce(cfg, env, storage, monitor, data, fit, start, steps, checkpointer.resumed_path, inputs)
+    evaluations: list[dict] = []
+
+    def evaluate(step: int) -> dict:
+        result = {"step": step, **eval_loss(model, eval_data.eval_batches(
+            rank=env.rank, world_size=env.world_size, batch=cfg.eval_batch_size or fit["micro_batch_size"]),
+            device=env.device, collectives=env.collectives)}
+        evaluations.append(result)
+        run_record.record_eval(storage, record, evaluations)
+        return {k: v for k, v in result.items() if k != "step"}
+
+    if cfg.eval_on_start:
+        monitor.log_eval(start, evaluate(start))
     last: dict = {}
     for step in range(start, steps):
         t0 = time.perf_counter()
@@ -90,11 +103,13 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *, latest_checkpoint
         monitor.add(done, out, data_wait)
         if step == start:
             transport_check(cfg, env)
-        log_now, save_now = done % cfg.log_every == 0 or done == steps, checkpointer.due(done)
+        eval_now = bool(cfg.eval_every) and done % cfg.eval_every == 0
+        log_now, save_now = done % cfg.log_every == 0 or done == steps or eval_now, checkpointer.due(done)
         if step == start or log_now or save_now:  # never log, save or export an unhealthy model
             monitor.check_health(done)
         if log_now:
-            last = monitor.log(done, epoch=data.position(done, gb)["epoch"], vote=checkpointer.report_wanted())
+            last = monitor.log(done, epoch=data.position(done, gb)["epoch"], vote=checkpointer.report_wanted(),
+                               extra=evaluate(done) if eval_now else None)
             if not save_now:
                 monitor.exclude(checkpointer.report(last, agreed=monitor.voted))
                 save_now = checkpointer.preempted(done, monitor)
@@ -103,7 +118,8 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *, latest_checkpoint
     if cfg.export:
         card = run_record.model_card(record, last, steps, data.tokens_through(steps, gb, cfg.seed)) if env.rank == 0 \
             else None
-        monitor.event("export", step=steps, path=export_hf(storage, model, tokenizer, source=model_path, card=card))
+        monitor.event("export", step=steps, path=export_hf(storage, model, tokenizer, source=model_path, card=card,
+                                                              eos_token=cfg.eos_token))
     monitor.close()
     return last
 
@@ -119,9 +135,12 @@ def fetch_inputs(cfg: TrainConfig, storage: Storage, chat_template: str | None) 
                                if cfg.tokenizer else model_path)
     if chat_template:
         tokenizer.chat_template = chat_template
+    set_eos_token(tokenizer, cfg.eos_token)
     data = prepare(DataSpec.from_config(cfg), tokenizer=tokenizer, seq_len=cfg.seq_len, cache_dir=cache_dir,
                    storage_fs=remote_fs)
-    return Inputs(model_path, tokenizer, data)
+    eval_data = prepare(DataSpec.eval_from_config(cfg), tokenizer=tokenizer, seq_len=cfg.seq_len,
+                        cache_dir=cache_dir, storage_fs=remote_fs) if cfg.evaluates else None
+    return Inputs(model_path, tokenizer, data, eval_data)
 
 
 def announce(cfg: TrainConfig, env: WorkerEnv, storage: Storage, monitor: Monitor, data: PackedData, fit: dict,

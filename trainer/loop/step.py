@@ -313,6 +313,27 @@ def train_step(
                       global_loss_tokens=global_tokens)
 
 
+def eval_loss(model: torch.nn.Module, batches: Iterable[Mapping[str, torch.Tensor]], *, device: torch.device,
+              collectives: Collectives, loss: str = DEFAULT_LOSS) -> dict[str, float]:
+    """The mean cross-entropy over the trained tokens of every rank's held-out batches, reduced as the training
+    loss is (a sum of token losses and a count of tokens over the ranks), without a gradient."""
+    impl = check_loss_path(model, resolve_loss(loss, device), device, collectives=collectives)
+    sums = torch.zeros(2, device=device, dtype=torch.float64)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for mb in batches:
+                if impl != "plain":
+                    mb = {**mb, "loss_index": loss_index(mb["labels"])}
+                sums[1] += int((mb["labels"] != IGNORE_INDEX).sum())
+                sums[0] += forward_loss(model, to_device(mb, device), impl)[0].double()
+    finally:
+        model.train(was_training)
+    sums = collectives.sum(sums)
+    return {"eval_loss": float(sums[0] / sums[1].clamp(min=1.0)), "eval_tokens": int(sums[1])}
+
+
 class TrainingDiverged(UserError, RuntimeError):
     """A step's loss or gradient norm is not finite, or its gradient is exactly zero: stop instead of training on."""
 

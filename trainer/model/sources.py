@@ -225,6 +225,17 @@ def load_tokenizer(path: str | Path, *, cache_dir: str | Path | None = None):
     return tok
 
 
+def set_eos_token(tok, eos_token: str | None) -> None:
+    """--eos-token (TRL's eos_token): the tokenizer's end-of-sequence token; ModelSourceError when it is not a
+    token of the vocabulary (as TRL refuses it)."""
+    if not eos_token:
+        return
+    if eos_token not in tok.get_vocab():
+        raise ModelSourceError(f"--eos-token {eos_token!r}: not a token of the tokenizer's vocabulary (TRL refuses it "
+                               f"too); pass one of its special tokens, e.g. {tok.eos_token!r}")
+    tok.eos_token = eos_token
+
+
 def tokenizer_only(spec: str, cache_dir: str | Path, *, storage_fs: Any = None):
     """The tokenizer of a model source with only its tokenizer files fetched (the pre-flight needs no weights)."""
     import tempfile

@@ -20,9 +20,9 @@ EXPORT_DIR = "model"
 
 
 def export_hf(storage: Storage, model, tokenizer, source: str | Path | None = None, name: str = EXPORT_DIR,
-              card: str | None = None) -> str:
+              card: str | None = None, eos_token: str | None = None) -> str:
     """Collective: gather full weights to rank 0 and write a Hugging Face folder (bf16 safetensors),
-    with `card` (rank 0's model card text) as its README.md."""
+    with `card` (rank 0's model card text) as its README.md; `eos_token`: the --eos-token the tokenizer was given."""
     from transformers import GenerationConfig
     from transformers.core_model_loading import revert_weight_conversion
 
@@ -52,6 +52,12 @@ def export_hf(storage: Storage, model, tokenizer, source: str | Path | None = No
                 gen = GenerationConfig.from_model_config(config)
             if tokenizer.eos_token_id is not None and gen.eos_token_id is None:
                 gen.eos_token_id = tokenizer.eos_token_id
+            if eos_token:  # --eos-token (TRL's eos_token): the model stops on it, as TRL's SFTTrainer sets it
+                config.get_text_config().eos_token_id = tokenizer.eos_token_id
+                ids = [gen.eos_token_id] if isinstance(gen.eos_token_id, int) else list(gen.eos_token_id or [])
+                if tokenizer.eos_token_id not in ids:
+                    gen.eos_token_id = [tokenizer.eos_token_id, *ids]
+                config.save_pretrained(tmp)
             if gen.pad_token_id is None and tokenizer.pad_token_id is not None:
                 gen.pad_token_id = tokenizer.pad_token_id
             gen.save_pretrained(tmp)

@@ -142,3 +142,11 @@ def write_run_record(storage, cfg, *, device, rank: int, world_size: int, data_m
                         previous=previous, start_step=start_step, total_steps=total_steps, inputs=inputs)
     storage.write_text(json.dumps(record, indent=1, default=str), RUN_RECORD)
     return record
+
+
+def record_eval(storage, record: dict | None, results: list[dict]) -> None:
+    """Rank 0: the eval losses so far (step, eval_loss, eval_tokens) and the best one into run.json."""
+    if record is None or not results:
+        return
+    record["eval"] = {"history": results, "last": results[-1], "best": min(results, key=lambda r: r["eval_loss"])}
+    storage.write_text(json.dumps(record, indent=1, default=str), RUN_RECORD)

@@ -14,7 +14,7 @@ from pathlib import Path
 import facts
 import trainer
 from trainer import efa
-from trainer.config.flags import flag
+from trainer.config.flags import flag, is_inline_template
 from trainer.submit.target import SubmitError
 
 # What a job's working_dir holds: the trainer and the stdlib package of shared facts it imports.
@@ -95,7 +95,8 @@ def submit(client, *, cfg, pip: list[str], env: dict[str, str], cluster_storage:
         client.delete_job(run_name)
     with tempfile.TemporaryDirectory(prefix="trainer-job-") as folder:
         working_dir = stage_package(Path(folder))
-        if cfg.chat_template and "://" not in cfg.chat_template:  # the driver reads it from the working_dir
+        if cfg.chat_template and "://" not in cfg.chat_template and not is_inline_template(cfg.chat_template):
+            # the driver reads it from the working_dir
             shutil.copyfile(Path(cfg.chat_template).expanduser(), working_dir / CHAT_TEMPLATE_FILE)
             cfg = dataclass_replace(cfg, chat_template=CHAT_TEMPLATE_FILE)
         job_config = cfg.to_dict()
