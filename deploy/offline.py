@@ -96,13 +96,15 @@ class RecordingMocks(pulumi.runtime.Mocks):
     InstanceCount, State, and kind "capacity-block" for a Capacity Block); an id not listed is not found,
     as EC2 answers (offline, `assume_reservations_from` lists those a configuration names).
     `quotas` maps an EC2 quota code to its value (default: ample). `offered_by_type` gives an instance
-    type its own offered zones (default: offered_zones for every type).
+    type its own offered zones (default: offered_zones for every type). `clusters` are the EKS clusters the
+    account already runs, by name: {"version": "1.34", "nodeGroups": {name: version}} (default: none).
     """
 
     def __init__(self, region: str, *, zones: list[str] | None = None, offered_zones: list[str] | None = None,
                  zone_ids: dict[str, str] | None = None, reservations: dict[str, dict] | None = None,
                  caller_arn: str = CALLER,
-                 quotas: dict[str, float] | None = None, offered_by_type: dict[str, list[str]] | None = None):
+                 quotas: dict[str, float] | None = None, offered_by_type: dict[str, list[str]] | None = None,
+                 clusters: dict[str, dict] | None = None):
         self.region = region
         self.zones = zones or ([*US_EAST_1_ZONE_IDS] if region == "us-east-1" else [f"{region}{s}" for s in "abcd"])
         self.zone_ids = zone_ids or _zone_ids(region, self.zones)
@@ -111,6 +113,7 @@ class RecordingMocks(pulumi.runtime.Mocks):
         self.caller_arn = caller_arn
         self.quotas = quotas or {}
         self.offered_by_type = offered_by_type or {}  # instance type -> its zones, where not offered_zones
+        self.clusters = clusters or {}  # a deployed cluster: {"version": "1.34", "nodeGroups": {name: version}}
         self.resources: list[Recorded] = []
         self.calls: list[tuple[str, dict]] = []
 
@@ -149,6 +152,19 @@ class RecordingMocks(pulumi.runtime.Mocks):
         self.resources.append(Recorded(args.typ, args.name, dict(args.inputs), outputs, rid))
         return [rid, outputs]
 
+    def _eks(self, token: str, args: dict) -> dict:
+        """The account's deployed clusters (`clusters`), as the EKS data sources read them."""
+        if token == "aws:eks/getClusters:getClusters":
+            return {"names": sorted(self.clusters), "id": self.region}
+        cluster = self.clusters[args.get("name") or args["clusterName"]]
+        if token == "aws:eks/getCluster:getCluster":
+            return {"name": args["name"], "version": cluster["version"], "id": args["name"]}
+        groups = cluster.get("nodeGroups", {})
+        if token == "aws:eks/getNodeGroups:getNodeGroups":
+            return {"clusterName": args["clusterName"], "names": sorted(groups), "id": args["clusterName"]}
+        return {"clusterName": args["clusterName"], "nodeGroupName": args["nodeGroupName"],
+                "version": groups[args["nodeGroupName"]], "id": args["nodeGroupName"]}
+
     def call(self, args: pulumi.runtime.MockCallArgs):
         self.calls.append((args.token, dict(args.args)))
         if args.token == "aws:index/getAvailabilityZones:getAvailabilityZones":
@@ -178,6 +194,8 @@ class RecordingMocks(pulumi.runtime.Mocks):
                     "instanceType": found["InstanceType"], "instanceCount": found["InstanceCount"],
                     "instancePlatform": "Linux/UNIX", "state": found.get("State", "active"),
                     "startDate": found.get("StartDate", "2026-12-01T11:30:00Z"), "reservationType": "capacity-block"}
+        if args.token.startswith("aws:eks/get"):
+            return self._eks(args.token, args.args)
         if args.token == "aws:ec2/getInstances:getInstances":  # this stack's instances in a reservation: none yet
             return {"ids": [], "privateIps": [], "publicIps": [], "ipv6Addresses": [], "id": self.region}
         if args.token == "aws:servicequotas/getServiceQuota:getServiceQuota":

@@ -69,7 +69,8 @@ def main(*, offline: bool = False) -> dict[str, pulumi.Output]:
     lookups = aws.Provider("aws-preflight", **provider_args)
     site = preflight.survey(cfg.node_pools, region=cfg.region, gpu_zone=cfg.availability_zone,
                             admin_role_arns=cfg.admin_role_arns, placeholders=() if offline else cfg.placeholders,
-                            invoke=pulumi.InvokeOptions(provider=lookups), cluster_name=cfg.cluster_name)
+                            invoke=pulumi.InvokeOptions(provider=lookups), cluster_name=cfg.cluster_name,
+                            kubernetes_version=cfg.kubernetes_version)
     for warning in () if offline else cost_warnings(cfg.node_pools, cfg.cost_warning_per_day):
         pulumi.log.warn(warning)  # the offline plan prints them itself
     # Pinned next, and every AWS resource waits on it (through the provider): a tag that cannot be
