@@ -14,8 +14,10 @@ import pulumi
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime.proto import resource_pb2
 
+from infra import aws_rules
+
 ACCOUNT = "123456789012"
-CALLER = f"arn:aws:sts::{ACCOUNT}:assumed-role/Deployer/pulumi"
+CALLER = f"arn:aws:sts::{ACCOUNT}:assumed-role/Deployer/pulumi"  # in the region's partition: RecordingMocks
 # An account's own mapping of zone names to zone IDs (every account has a different one); us-east-1b is
 # use1-az3 here, a zone EKS refuses for control-plane subnets.
 US_EAST_1_ZONE_IDS = {"us-east-1a": "use1-az2", "us-east-1b": "use1-az3", "us-east-1c": "use1-az6",
@@ -106,11 +108,12 @@ class RecordingMocks(pulumi.runtime.Mocks):
                  quotas: dict[str, float] | None = None, offered_by_type: dict[str, list[str]] | None = None,
                  clusters: dict[str, dict] | None = None):
         self.region = region
+        self.partition = aws_rules.partition(region) if region else "aws"
         self.zones = zones or ([*US_EAST_1_ZONE_IDS] if region == "us-east-1" else [f"{region}{s}" for s in "abcd"])
         self.zone_ids = zone_ids or _zone_ids(region, self.zones)
         self.offered_zones = self.zones[:3] if offered_zones is None else offered_zones
         self.reservations = reservations or {}
-        self.caller_arn = caller_arn
+        self.caller_arn = caller_arn if caller_arn != CALLER else aws_rules.in_partition(CALLER, region)
         self.quotas = quotas or {}
         self.offered_by_type = offered_by_type or {}  # instance type -> its zones, where not offered_zones
         self.clusters = clusters or {}  # a deployed cluster: {"version": "1.34", "nodeGroups": {name: version}}
@@ -121,7 +124,7 @@ class RecordingMocks(pulumi.runtime.Mocks):
         outputs = dict(args.inputs)
         rid = f"{args.name}-id"
         arn_kind = args.typ.split(":")[1].split("/")[0]
-        outputs.setdefault("arn", f"arn:aws:{arn_kind}:{self.region}:{ACCOUNT}:{args.name}")
+        outputs.setdefault("arn", f"arn:{self.partition}:{arn_kind}:{self.region}:{ACCOUNT}:{args.name}")
         if args.typ == "aws:eks/cluster:Cluster":
             outputs.update({
                 "endpoint": f"https://{args.name}.gr7.{self.region}.eks.amazonaws.com",
@@ -131,7 +134,7 @@ class RecordingMocks(pulumi.runtime.Mocks):
             })
         elif args.typ == "aws:s3/bucket:Bucket":
             outputs.setdefault("bucket", f"{args.inputs.get('bucketPrefix', args.name)}placeholder")
-            outputs["arn"] = f"arn:aws:s3:::{outputs['bucket']}"
+            outputs["arn"] = f"arn:{self.partition}:s3:::{outputs['bucket']}"
         elif args.typ == "aws:ec2/launchTemplate:LaunchTemplate":
             outputs["latestVersion"] = 1
         elif args.typ == "aws:ec2/placementGroup:PlacementGroup":
@@ -145,9 +148,9 @@ class RecordingMocks(pulumi.runtime.Mocks):
 
             outputs.update(placeholder_outputs(args.inputs))
         elif args.typ == "aws:iam/openIdConnectProvider:OpenIdConnectProvider":
-            outputs["arn"] = f"arn:aws:iam::{ACCOUNT}:oidc-provider/{str(args.inputs.get('url', '')).removeprefix('https://')}"
+            outputs["arn"] = f"arn:{self.partition}:iam::{ACCOUNT}:oidc-provider/{str(args.inputs.get('url', '')).removeprefix('https://')}"
         elif args.typ == "aws:iam/role:Role":
-            outputs["arn"] = f"arn:aws:iam::{ACCOUNT}:role/{args.name}"
+            outputs["arn"] = f"arn:{self.partition}:iam::{ACCOUNT}:role/{args.name}"
             outputs.setdefault("name", args.name)
         self.resources.append(Recorded(args.typ, args.name, dict(args.inputs), outputs, rid))
         return [rid, outputs]

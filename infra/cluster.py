@@ -6,7 +6,7 @@ import json
 import pulumi
 import pulumi_aws as aws
 
-from infra import iam
+from infra import aws_rules, iam
 from infra.resources import children_options
 
 CONTROL_PLANE_LOGS = ["api", "audit", "authenticator"]
@@ -47,7 +47,8 @@ class EksCluster(pulumi.ComponentResource):
 
         role = aws.iam.Role(f"{name}-cluster-role", assume_role_policy=iam.service_trust("eks.amazonaws.com"),
                             tags=tags, opts=child)
-        attachments = [aws.iam.RolePolicyAttachment(f"{name}-cluster-{i}", role=role.name, policy_arn=arn, opts=child)
+        attachments = [aws.iam.RolePolicyAttachment(f"{name}-cluster-{i}", role=role.name,
+                                                    policy_arn=aws_rules.in_partition(arn, region), opts=child)
                        for i, arn in enumerate(iam.EKS_CLUSTER_POLICIES)]
 
         # EKS would create /aws/eks/<name>/cluster itself, with no retention and outliving `destroy`;
@@ -96,13 +97,15 @@ class EksCluster(pulumi.ComponentResource):
                                         principal_arn=principal, type="STANDARD", tags=tags, opts=child)
             aws.eks.AccessPolicyAssociation(
                 f"{name}-admin-{i}", cluster_name=self.cluster.name, principal_arn=entry.principal_arn,
-                policy_arn=iam.CLUSTER_ADMIN_POLICY,
+                policy_arn=aws_rules.in_partition(iam.CLUSTER_ADMIN_POLICY, region),
                 access_scope=aws.eks.AccessPolicyAssociationAccessScopeArgs(type="cluster"), opts=child)
 
-        self.node_role = aws.iam.Role(f"{name}-node-role", assume_role_policy=iam.service_trust("ec2.amazonaws.com"),
-                                      tags=tags, opts=child)
+        self.node_role = aws.iam.Role(
+            f"{name}-node-role", assume_role_policy=iam.service_trust(aws_rules.service_principal("ec2.amazonaws.com", region)),
+            tags=tags, opts=child)
         self.node_role_attachments = [
-            aws.iam.RolePolicyAttachment(f"{name}-node-{i}", role=self.node_role.name, policy_arn=arn, opts=child)
+            aws.iam.RolePolicyAttachment(f"{name}-node-{i}", role=self.node_role.name,
+                                         policy_arn=aws_rules.in_partition(arn, region), opts=child)
             for i, arn in enumerate(iam.NODE_POLICIES)
         ]
         self.security_group_id = self.cluster.vpc_config.cluster_security_group_id
