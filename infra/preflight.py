@@ -290,9 +290,24 @@ def offering_problems(pools: tuple[NodePool, ...], zones: tuple[Zone, ...], invo
     return problems
 
 
+def is_deployed(cluster_name: str, invoke: pulumi.InvokeOptions) -> bool:
+    return bool(cluster_name) and cluster_name in (aws.eks.get_clusters(opts=invoke).names or [])
+
+
+def kept_zone_problems(pools: tuple[NodePool, ...], gpu_zone: str | None, chosen: Zone | None) -> list[str]:
+    """A deployed stack keeps its GPU zone in config: unset, it is chosen anew from the offerings on every run,
+    and a new offering in an earlier zone would move (replace) every EFA pool that follows it."""
+    auto = [p for p in pools if p.efa and p.availability_zone is None]
+    if gpu_zone is not None or chosen is None or not auto or any(p.capacity_reservation_id for p in auto):
+        return []  # pinned by config, or by a reservation's zone
+    return [f"{KEY}availabilityZone: not set on a deployed stack, so the GPU zone is chosen anew from the offerings "
+            f"on every run; keep the deployed one: `pulumi config set {KEY}availabilityZone "
+            f"$(pulumi stack output gpuAvailabilityZone)` (it is {chosen.name} if the offerings have not changed)"]
+
+
 def lookup_running_versions(cluster_name: str, invoke: pulumi.InvokeOptions) -> tuple[str | None, dict[str, str | None]]:
     """The deployed control plane's version and each node group's, or (None, {}) before the cluster exists."""
-    if not cluster_name or cluster_name not in (aws.eks.get_clusters(opts=invoke).names or []):
+    if not is_deployed(cluster_name, invoke):
         return None, {}
     current = aws.eks.get_cluster(name=cluster_name, opts=invoke).version
     names = aws.eks.get_node_groups(cluster_name=cluster_name, opts=invoke).names or []
@@ -352,6 +367,8 @@ def survey(pools: tuple[NodePool, ...], *, region: str, gpu_zone: str | None, ad
     if kubernetes_version:
         current, node_groups = lookup_running_versions(cluster_name, invoke)
         problems.extend(upgrade_problems(current, kubernetes_version, node_groups, pools))
+        if current is not None:
+            problems.extend(kept_zone_problems(pools, gpu_zone, first_gpu_zone))
     needed = vcpus_needed(pools)
     problems.extend(quota_problems(needed, lookup_quotas(needed, invoke)))
     gpu = first_gpu_zone or next(iter(chosen.values()), None) or choose_default(zones)
