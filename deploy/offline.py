@@ -159,6 +159,10 @@ class RecordingMocks(pulumi.runtime.Mocks):
         """The account's deployed clusters (`clusters`), as the EKS data sources read them."""
         if token == "aws:eks/getClusters:getClusters":
             return {"names": sorted(self.clusters), "id": self.region}
+        if token == "aws:eks/getAddonVersion:getAddonVersion":  # a default version per Kubernetes version
+            minor = str(args["kubernetesVersion"]).split(".")[-1]
+            return {"addonName": args["addonName"], "kubernetesVersion": args["kubernetesVersion"],
+                    "version": f"v1.{minor}.0-eksbuild.1", "id": args["addonName"]}
         cluster = self.clusters[args.get("name") or args["clusterName"]]
         if token == "aws:eks/getCluster:getCluster":
             return {"name": args["name"], "version": cluster["version"], "id": args["name"]}

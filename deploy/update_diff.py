@@ -205,7 +205,11 @@ def _classify(new: dict, old: dict, extra: list[Path_], *, new_ids: set[str], lt
 
 
 def compare(old_resources: list[dict], new_resources: list[dict]) -> Diff:
-    """Every resource's verdict, in the new plan's order, deletions last; and what a reviewer must see."""
+    """Every resource's verdict (by type and name) and what a reviewer must see.
+
+    Judged in the new plan's order, where what a resource depends on comes first: a replaced resource's
+    new ID reaches every later input that carries the old one.
+    """
     old_by_urn = _index(old_resources)
     matched: set[int] = set()
     replaced_ids: set[str] = set()
@@ -235,6 +239,7 @@ def compare(old_resources: list[dict], new_resources: list[dict]) -> Diff:
     for old in old_resources:
         if id(old) not in matched and not old["type"].startswith("pulumi:providers:"):
             changes.append(Change(old.get("urn", ""), old["type"], old["name"], "delete"))
+    changes.sort(key=lambda c: (c.type, c.name, c.verdict))  # registration order varies run to run; this does not
     return Diff(changes, review(changes, old_resources, new_resources, pairs))
 
 

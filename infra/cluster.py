@@ -83,8 +83,10 @@ class EksCluster(pulumi.ComponentResource):
         self.oidc_provider = aws.iam.OpenIdConnectProvider(
             f"{name}-oidc", url=self.oidc_issuer, client_id_lists=["sts.amazonaws.com"], tags=tags, opts=child)
 
+        self.kubernetes_version = kubernetes_version
         self.early_addons = [
             aws.eks.Addon(f"{name}-{addon}", cluster_name=self.cluster.name, addon_name=addon,
+                          addon_version=self.addon_version(addon),
                           resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="OVERWRITE",
                           configuration_values=(json.dumps(ADDON_CONFIGURATION[addon])
                                                 if addon in ADDON_CONFIGURATION else None),
@@ -114,11 +116,18 @@ class EksCluster(pulumi.ComponentResource):
         ).apply(lambda a: kubeconfig(a[0], a[1], a[2], region)))
         self.register_outputs({"clusterName": self.cluster.name})
 
+    def addon_version(self, addon: str) -> pulumi.Output[str]:
+        """EKS's default version of the add-on for the cluster's Kubernetes version (DescribeAddonVersions):
+        add-ons follow a version bump instead of keeping the version they were installed with."""
+        return aws.eks.get_addon_version_output(addon_name=addon, kubernetes_version=self.kubernetes_version,
+                                                most_recent=False, opts=pulumi.InvokeOutputOptions(parent=self)).version
+
     def late_addons(self, *, depends_on: list[pulumi.Resource]) -> list[aws.eks.Addon]:
         """Add-ons that need a node to schedule on (coredns)."""
         return [
             aws.eks.Addon(f"{self._name}-{addon}", cluster_name=self.cluster.name, addon_name=addon,
-                          resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="OVERWRITE",
+                          addon_version=self.addon_version(addon), resolve_conflicts_on_create="OVERWRITE",
+                          resolve_conflicts_on_update="OVERWRITE",
                           tags=self.cluster.tags,
                           opts=pulumi.ResourceOptions(parent=self, depends_on=depends_on))
             for addon in LATE_ADDONS

@@ -138,6 +138,8 @@ def test_kubernetes_plus_one_moves_the_nodes_with_the_control_plane_and_says_so(
         assert group.verdict == "update" and "version" in group.changed
     assert len(reviewed(d, "NODES")) == 2 and reviewed(d, "VERSION") == []
     assert verdicts(d, "replace") == []
+    for addon in nonempty([c for c in d.changes if c.type == "aws:eks/addon:Addon"], "add-ons"):
+        assert addon.verdict == "update" and addon.changed == ["addonVersion"]  # EKS's default for 1.35
 
 
 def test_kubernetes_plus_two_is_flagged():
