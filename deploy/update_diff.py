@@ -21,6 +21,8 @@ NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
 LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
 SUBNET = "aws:ec2/subnet:Subnet"
 EKS_CLUSTER = "aws:eks/cluster:Cluster"
+HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
+CHARTS_WITH_CRDS = ("kuberay-operator",)  # its crds/ folder: installed once, never upgraded by Helm
 VERDICTS = ("create", "replace", "update", "delete", "unchanged")
 
 Path_ = tuple  # a path as segments: ("spec", "workerGroupSpecs", 0, "template")
@@ -277,6 +279,10 @@ def review(changes: list[Change], old_resources: list[dict], new_resources: list
             if was and now and (now[0] != was[0] or now[1] - was[1] > 1):
                 notes.append(f"VERSION: Kubernetes {'.'.join(map(str, was))} -> {'.'.join(map(str, now))} skips a "
                              "minor version; EKS upgrades one minor per update")
+        if c.type == HELM_RELEASE and c.verdict == "update" and "version" in c.changed and new is not None and (
+                new["inputs"].get("chart") in CHARTS_WITH_CRDS):
+            notes.append(f"CRDS: {c.name} moves to chart {new['inputs']['chart']} {new['inputs'].get('version')}; Helm "
+                         "never upgrades CRDs: apply that version's CRDs first (docs/operations.md)")
         if any("OLD stored value" in n and "replacement" in n for n in c.notes):
             notes.append(f"STALE: {c.name} is replaced from old inputs: {c.notes[0]}")
     notes += subnet_collisions(changes, old_resources, new_by_key)

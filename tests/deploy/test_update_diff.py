@@ -246,6 +246,8 @@ def test_a_kuberay_version_updates_the_operator_release():
     # only the operator's image pin (no cloud object: the new tag is pinned anew)
     assert verdicts(d, "replace") == ["ray-kuberay-operator-image"] and reviewed(d, "NODES") == []
     assert rule("pulumi-python:dynamic/raytrain:PinnedImage") == ["image"]
+    (crds,) = reviewed(d, "CRDS")  # Helm never upgrades CRDs: the reviewer is told to apply them
+    assert "kuberay-operator 1.6.0" in crds
 
 
 # --- the diff's own rules ---------------------------------------------------------------------------------
