@@ -7,12 +7,12 @@ and the engine's ignoreChanges rule is replayed on the stored inputs.
 """
 from __future__ import annotations
 
-import functools
 import json
 
 import pytest
 
-from deploy import offline, plan, update_diff
+from deploy import plan, update_diff
+from deploy.change_table import planned  # one cache of plans for these tests and the table's
 from deploy.update_diff import RULES
 from tests.guards import nonempty
 from tests.stacks import read_stack_file
@@ -36,15 +36,6 @@ PINNED_SOURCES = {
     "aws:ec2/launchTemplate:LaunchTemplate": ("internal/service/ec2/ec2_launch_template.go",
                                               "025e4f81cab8553cb052aebfcc5987e2aa8c702a"),
 }
-
-
-@functools.cache
-def _plan(frozen: str) -> tuple:
-    return tuple(plan.records(offline.run(json.loads(frozen), stack="dev")))
-
-
-def planned(config: dict) -> list[dict]:
-    return list(_plan(json.dumps(config, sort_keys=True)))
 
 
 def diff(before: dict, **changes) -> update_diff.Diff:
