@@ -289,3 +289,13 @@ def test_a_plan_written_before_urns_and_options_were_recorded_still_compares():
     d = update_diff.compare(moved, planned(BASE))
     assert d.of(SUBNET, "net-private-us-east-1a").verdict == "replace"
     assert d.of(NODE_GROUP, "gpu-ng").verdict == "replace" and d.of(NODE_GROUP, "gpu-ng").forcing == ["subnetIds"]
+
+
+def test_a_capacity_block_node_group_that_would_roll_is_told_to_scale_to_zero():
+    group = {"type": NODE_GROUP, "name": "gpu-ng", "urn": "g", "id": "gpu-ng-id", "options": {},
+             "inputs": {"capacityType": "CAPACITY_BLOCK", "version": "1.34", "subnetIds": ["s"]}}
+    d = update_diff.compare([group], [{**group, "inputs": {**group["inputs"], "version": "1.35"}}])
+    assert any("Capacity Block node group, which EKS updates only at zero nodes" in n for n in reviewed(d, "NODES"))
+    plain = {**group, "inputs": {**group["inputs"], "capacityType": "ON_DEMAND"}}
+    d = update_diff.compare([plain], [{**plain, "inputs": {**plain["inputs"], "version": "1.35"}}])
+    assert not any("Capacity Block" in n for n in d.review) and reviewed(d, "NODES")
