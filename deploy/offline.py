@@ -14,8 +14,10 @@ import pulumi
 from pulumi.runtime import mocks as pulumi_mocks
 from pulumi.runtime.proto import resource_pb2
 
+from infra import aws_rules
+
 ACCOUNT = "123456789012"
-CALLER = f"arn:aws:sts::{ACCOUNT}:assumed-role/Deployer/pulumi"
+CALLER = f"arn:aws:sts::{ACCOUNT}:assumed-role/Deployer/pulumi"  # in the region's partition: RecordingMocks
 # An account's own mapping of zone names to zone IDs (every account has a different one); us-east-1b is
 # use1-az3 here, a zone EKS refuses for control-plane subnets.
 US_EAST_1_ZONE_IDS = {"us-east-1a": "use1-az2", "us-east-1b": "use1-az3", "us-east-1c": "use1-az6",
@@ -96,21 +98,25 @@ class RecordingMocks(pulumi.runtime.Mocks):
     InstanceCount, State, and kind "capacity-block" for a Capacity Block); an id not listed is not found,
     as EC2 answers (offline, `assume_reservations_from` lists those a configuration names).
     `quotas` maps an EC2 quota code to its value (default: ample). `offered_by_type` gives an instance
-    type its own offered zones (default: offered_zones for every type).
+    type its own offered zones (default: offered_zones for every type). `clusters` are the EKS clusters the
+    account already runs, by name: {"version": "1.34", "nodeGroups": {name: version}} (default: none).
     """
 
     def __init__(self, region: str, *, zones: list[str] | None = None, offered_zones: list[str] | None = None,
                  zone_ids: dict[str, str] | None = None, reservations: dict[str, dict] | None = None,
                  caller_arn: str = CALLER,
-                 quotas: dict[str, float] | None = None, offered_by_type: dict[str, list[str]] | None = None):
+                 quotas: dict[str, float] | None = None, offered_by_type: dict[str, list[str]] | None = None,
+                 clusters: dict[str, dict] | None = None):
         self.region = region
+        self.partition = aws_rules.partition(region) if region else "aws"
         self.zones = zones or ([*US_EAST_1_ZONE_IDS] if region == "us-east-1" else [f"{region}{s}" for s in "abcd"])
         self.zone_ids = zone_ids or _zone_ids(region, self.zones)
         self.offered_zones = self.zones[:3] if offered_zones is None else offered_zones
         self.reservations = reservations or {}
-        self.caller_arn = caller_arn
+        self.caller_arn = caller_arn if caller_arn != CALLER else aws_rules.in_partition(CALLER, region)
         self.quotas = quotas or {}
         self.offered_by_type = offered_by_type or {}  # instance type -> its zones, where not offered_zones
+        self.clusters = clusters or {}  # a deployed cluster: {"version": "1.34", "nodeGroups": {name: version}}
         self.resources: list[Recorded] = []
         self.calls: list[tuple[str, dict]] = []
 
@@ -118,7 +124,7 @@ class RecordingMocks(pulumi.runtime.Mocks):
         outputs = dict(args.inputs)
         rid = f"{args.name}-id"
         arn_kind = args.typ.split(":")[1].split("/")[0]
-        outputs.setdefault("arn", f"arn:aws:{arn_kind}:{self.region}:{ACCOUNT}:{args.name}")
+        outputs.setdefault("arn", f"arn:{self.partition}:{arn_kind}:{self.region}:{ACCOUNT}:{args.name}")
         if args.typ == "aws:eks/cluster:Cluster":
             outputs.update({
                 "endpoint": f"https://{args.name}.gr7.{self.region}.eks.amazonaws.com",
@@ -128,7 +134,7 @@ class RecordingMocks(pulumi.runtime.Mocks):
             })
         elif args.typ == "aws:s3/bucket:Bucket":
             outputs.setdefault("bucket", f"{args.inputs.get('bucketPrefix', args.name)}placeholder")
-            outputs["arn"] = f"arn:aws:s3:::{outputs['bucket']}"
+            outputs["arn"] = f"arn:{self.partition}:s3:::{outputs['bucket']}"
         elif args.typ == "aws:ec2/launchTemplate:LaunchTemplate":
             outputs["latestVersion"] = 1
         elif args.typ == "aws:ec2/placementGroup:PlacementGroup":
@@ -142,12 +148,29 @@ class RecordingMocks(pulumi.runtime.Mocks):
 
             outputs.update(placeholder_outputs(args.inputs))
         elif args.typ == "aws:iam/openIdConnectProvider:OpenIdConnectProvider":
-            outputs["arn"] = f"arn:aws:iam::{ACCOUNT}:oidc-provider/{str(args.inputs.get('url', '')).removeprefix('https://')}"
+            outputs["arn"] = f"arn:{self.partition}:iam::{ACCOUNT}:oidc-provider/{str(args.inputs.get('url', '')).removeprefix('https://')}"
         elif args.typ == "aws:iam/role:Role":
-            outputs["arn"] = f"arn:aws:iam::{ACCOUNT}:role/{args.name}"
+            outputs["arn"] = f"arn:{self.partition}:iam::{ACCOUNT}:role/{args.name}"
             outputs.setdefault("name", args.name)
         self.resources.append(Recorded(args.typ, args.name, dict(args.inputs), outputs, rid))
         return [rid, outputs]
+
+    def _eks(self, token: str, args: dict) -> dict:
+        """The account's deployed clusters (`clusters`), as the EKS data sources read them."""
+        if token == "aws:eks/getClusters:getClusters":
+            return {"names": sorted(self.clusters), "id": self.region}
+        if token == "aws:eks/getAddonVersion:getAddonVersion":  # a default version per Kubernetes version
+            minor = str(args["kubernetesVersion"]).split(".")[-1]
+            return {"addonName": args["addonName"], "kubernetesVersion": args["kubernetesVersion"],
+                    "version": f"v1.{minor}.0-eksbuild.1", "id": args["addonName"]}
+        cluster = self.clusters[args.get("name") or args["clusterName"]]
+        if token == "aws:eks/getCluster:getCluster":
+            return {"name": args["name"], "version": cluster["version"], "id": args["name"]}
+        groups = cluster.get("nodeGroups", {})
+        if token == "aws:eks/getNodeGroups:getNodeGroups":
+            return {"clusterName": args["clusterName"], "names": sorted(groups), "id": args["clusterName"]}
+        return {"clusterName": args["clusterName"], "nodeGroupName": args["nodeGroupName"],
+                "version": groups[args["nodeGroupName"]], "id": args["nodeGroupName"]}
 
     def call(self, args: pulumi.runtime.MockCallArgs):
         self.calls.append((args.token, dict(args.args)))
@@ -178,6 +201,8 @@ class RecordingMocks(pulumi.runtime.Mocks):
                     "instanceType": found["InstanceType"], "instanceCount": found["InstanceCount"],
                     "instancePlatform": "Linux/UNIX", "state": found.get("State", "active"),
                     "startDate": found.get("StartDate", "2026-12-01T11:30:00Z"), "reservationType": "capacity-block"}
+        if args.token.startswith("aws:eks/get"):
+            return self._eks(args.token, args.args)
         if args.token == "aws:ec2/getInstances:getInstances":  # this stack's instances in a reservation: none yet
             return {"ids": [], "privateIps": [], "publicIps": [], "ipv6Addresses": [], "id": self.region}
         if args.token == "aws:servicequotas/getServiceQuota:getServiceQuota":

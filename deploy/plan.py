@@ -16,8 +16,8 @@ from typing import Any, Sequence
 
 import yaml
 
+from deploy import aws_requests, offline, stack_file, update_diff
 from deploy import config as stack_config
-from deploy import offline, stack_file, update_diff
 from deploy.config import ConfigError
 from deploy.stack_file import StackFileError
 from facts import errors
@@ -247,6 +247,9 @@ def plan(argv: list[str]) -> int:
     except ConfigError as err:
         raise ConfigError([stack_file.locate(p, stack) for p in err.problems]) from None
     result = offline.run(stack.config, stack=args.stack)
+    if refused := aws_requests.problems(result):
+        raise errors.UserError(f"{stack.path.name}: AWS would refuse these requests of the stack (checked against "
+                               "botocore's service models):\n" + "\n".join(f"  - {p}" for p in refused))
     print(NOTICE)
     print()
     print(render_table(result))

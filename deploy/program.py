@@ -69,7 +69,8 @@ def main(*, offline: bool = False) -> dict[str, pulumi.Output]:
     lookups = aws.Provider("aws-preflight", **provider_args)
     site = preflight.survey(cfg.node_pools, region=cfg.region, gpu_zone=cfg.availability_zone,
                             admin_role_arns=cfg.admin_role_arns, placeholders=() if offline else cfg.placeholders,
-                            invoke=pulumi.InvokeOptions(provider=lookups), cluster_name=cfg.cluster_name)
+                            invoke=pulumi.InvokeOptions(provider=lookups), cluster_name=cfg.cluster_name,
+                            kubernetes_version=cfg.kubernetes_version)
     for warning in () if offline else cost_warnings(cfg.node_pools, cfg.cost_warning_per_day):
         pulumi.log.warn(warning)  # the offline plan prints them itself
     # Pinned next, and every AWS resource waits on it (through the provider): a tag that cannot be
@@ -80,7 +81,8 @@ def main(*, offline: bool = False) -> dict[str, pulumi.Output]:
 
     network = Network("net", azs=[z.name for z in site.zones],
                       control_plane_azs=[z.name for z in site.control_plane_zones], cluster_name=cfg.cluster_name,
-                      s3_endpoint_policy=iam.s3_endpoint_policy(cfg.region, preflight.principal(site.caller_arn)[0]),
+                      s3_endpoint_policy=iam.s3_endpoint_policy(cfg.region, preflight.principal(site.caller_arn)[0],
+                                                                aws_rules.partition(cfg.region)),
                       region=cfg.region, tags=tags, opts=with_provider)
     eks = EksCluster("cluster", cluster_name=cfg.cluster_name, kubernetes_version=cfg.kubernetes_version,
                      region=cfg.region, api_access_cidrs=cfg.api_access_cidrs, admin_role_arns=cfg.admin_role_arns,
@@ -121,7 +123,8 @@ def main(*, offline: bool = False) -> dict[str, pulumi.Output]:
     autoscaler = (IrsaRole("cluster-autoscaler", oidc_provider_arn=eks.oidc_provider.arn,
                            oidc_issuer_url=eks.oidc_issuer, namespace=autoscaler_facts.NAMESPACE,
                            service_account=autoscaler_facts.SERVICE_ACCOUNT,
-                           policies={"scaling": iam.cluster_autoscaler_policy(cfg.cluster_name)},
+                           policies={"scaling": iam.cluster_autoscaler_policy(
+                               cfg.cluster_name, aws_rules.partition(cfg.region))},
                            description=f"Cluster Autoscaler of {cfg.cluster_name}: resize its own node groups",
                            tags=tags, opts=pulumi.ResourceOptions.merge(
                                with_provider, legacy.renamed(legacy.CLUSTER_AUTOSCALER_ROLE)))

@@ -21,6 +21,8 @@ NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
 LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
 SUBNET = "aws:ec2/subnet:Subnet"
 EKS_CLUSTER = "aws:eks/cluster:Cluster"
+HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
+CHARTS_WITH_CRDS = ("kuberay-operator",)  # its crds/ folder: installed once, never upgraded by Helm
 VERDICTS = ("create", "replace", "update", "delete", "unchanged")
 
 Path_ = tuple  # a path as segments: ("spec", "workerGroupSpecs", 0, "template")
@@ -205,7 +207,11 @@ def _classify(new: dict, old: dict, extra: list[Path_], *, new_ids: set[str], lt
 
 
 def compare(old_resources: list[dict], new_resources: list[dict]) -> Diff:
-    """Every resource's verdict, in the new plan's order, deletions last; and what a reviewer must see."""
+    """Every resource's verdict (by type and name) and what a reviewer must see.
+
+    Judged in the new plan's order, where what a resource depends on comes first: a replaced resource's
+    new ID reaches every later input that carries the old one.
+    """
     old_by_urn = _index(old_resources)
     matched: set[int] = set()
     replaced_ids: set[str] = set()
@@ -235,6 +241,7 @@ def compare(old_resources: list[dict], new_resources: list[dict]) -> Diff:
     for old in old_resources:
         if id(old) not in matched and not old["type"].startswith("pulumi:providers:"):
             changes.append(Change(old.get("urn", ""), old["type"], old["name"], "delete"))
+    changes.sort(key=lambda c: (c.type, c.name, c.verdict))  # registration order varies run to run; this does not
     return Diff(changes, review(changes, old_resources, new_resources, pairs))
 
 
@@ -249,32 +256,56 @@ def review(changes: list[Change], old_resources: list[dict], new_resources: list
     notes: list[str] = []
     new_by_key = {(n["type"], n["name"]): (n, o) for n, o in pairs}
     for c in changes:
-        rules = type_rules(c.type)
         new, old = new_by_key.get((c.type, c.name), (None, None))
-        opts = (new or {}).get("options", {})
-        if rules.get("data") and c.verdict in ("replace", "delete"):
-            protected = " (protected: `pulumi up` stops there)" if opts.get("protect") else ""
-            notes.append(f"DATA: {c.verdict} of {c.name} ({c.type}){protected}")
-        if c.type == NODE_GROUP and c.verdict == "replace":
-            notes.append(f"NODES: node group {c.name} is replaced by new nodes, its pods evicted ({', '.join(c.forcing)})")
-        elif c.type == NODE_GROUP and c.verdict == "update":
-            rolling = [p for p in c.changed if covered(parse_path(p), rules.get("rolls_nodes", ()))]
-            if rolling:
-                notes.append(f"NODES: node group {c.name} rolls its nodes ({', '.join(rolling)})")
-        if c.verdict == "replace" and not opts.get("deleteBeforeReplace") and new is not None and old is not None:
-            same = [u for u in rules.get("unique_name", ()) if _get(new["inputs"], parse_path(u)) ==
-                    _get(old["inputs"], parse_path(u)) and _get(new["inputs"], parse_path(u))[0]]
-            if same:
-                notes.append(f"COLLISION: {c.name} is replaced create-before-delete with the same {', '.join(same)}: "
-                             "the new one is refused while the old exists")
-        if c.type == EKS_CLUSTER and c.verdict in ("update", "replace") and old is not None and new is not None:
-            was, now = _minor(old["inputs"].get("version")), _minor(new["inputs"].get("version"))
-            if was and now and (now[0] != was[0] or now[1] - was[1] > 1):
-                notes.append(f"VERSION: Kubernetes {'.'.join(map(str, was))} -> {'.'.join(map(str, now))} skips a "
-                             "minor version; EKS upgrades one minor per update")
+        notes += _data_notes(c, new) + _node_notes(c, new)
+        if new is not None and old is not None:
+            notes += _pair_notes(c, new, old)
         if any("OLD stored value" in n and "replacement" in n for n in c.notes):
             notes.append(f"STALE: {c.name} is replaced from old inputs: {c.notes[0]}")
     notes += subnet_collisions(changes, old_resources, new_by_key)
+    return notes
+
+
+def _data_notes(c: Change, new: dict | None) -> list[str]:
+    if not (type_rules(c.type).get("data") and c.verdict in ("replace", "delete")):
+        return []
+    protected = " (protected: `pulumi up` stops there)" if (new or {}).get("options", {}).get("protect") else ""
+    return [f"DATA: {c.verdict} of {c.name} ({c.type}){protected}"]
+
+
+def _node_notes(c: Change, new: dict | None) -> list[str]:
+    if c.type != NODE_GROUP or c.verdict not in ("replace", "update"):
+        return []
+    if c.verdict == "replace":
+        return [f"NODES: node group {c.name} is replaced by new nodes, its pods evicted ({', '.join(c.forcing)})"]
+    rolling = [p for p in c.changed if covered(parse_path(p), type_rules(NODE_GROUP).get("rolls_nodes", ()))]
+    if not rolling:
+        return []
+    notes = [f"NODES: node group {c.name} rolls its nodes ({', '.join(rolling)})"]
+    if new is not None and new["inputs"].get("capacityType") == "CAPACITY_BLOCK":
+        notes.append(f"NODES: {c.name} is a Capacity Block node group, which EKS updates only at zero nodes: "
+                     "scale its pool to 0 first (desiredSize 0), then restore it")
+    return notes
+
+
+def _pair_notes(c: Change, new: dict, old: dict) -> list[str]:
+    """What needs the old and the new inputs: same-name collisions, version skips, charts whose CRDs stay old."""
+    notes, rules = [], type_rules(c.type)
+    if c.verdict == "replace" and not new.get("options", {}).get("deleteBeforeReplace"):
+        same = [u for u in rules.get("unique_name", ()) if _get(new["inputs"], parse_path(u)) ==
+                _get(old["inputs"], parse_path(u)) and _get(new["inputs"], parse_path(u))[0]]
+        if same:
+            notes.append(f"COLLISION: {c.name} is replaced create-before-delete with the same {', '.join(same)}: "
+                         "the new one is refused while the old exists")
+    if c.type == EKS_CLUSTER and c.verdict in ("update", "replace"):
+        was, now = _minor(old["inputs"].get("version")), _minor(new["inputs"].get("version"))
+        if was and now and (now[0] != was[0] or now[1] - was[1] > 1):
+            notes.append(f"VERSION: Kubernetes {'.'.join(map(str, was))} -> {'.'.join(map(str, now))} skips a "
+                         "minor version; EKS upgrades one minor per update")
+    if c.type == HELM_RELEASE and c.verdict == "update" and "version" in c.changed and (
+            new["inputs"].get("chart") in CHARTS_WITH_CRDS):
+        notes.append(f"CRDS: {c.name} moves to chart {new['inputs']['chart']} {new['inputs'].get('version')}; Helm "
+                     "never upgrades CRDs: apply that version's CRDs first (docs/operations.md)")
     return notes
 
 

@@ -191,3 +191,30 @@ def tag_collisions(user_tags: dict[str, str], own_keys: tuple[str, ...]) -> list
                             "and refuses both on one role: rename or drop it")
         seen.setdefault(key.lower(), key)
     return problems
+
+
+@lru_cache(maxsize=None)
+def partition(region: str) -> str:
+    """The region's partition (aws, aws-cn, aws-us-gov), from botocore's endpoint data: every ARN names it."""
+    import botocore.session
+
+    return botocore.session.get_session().get_partition_for_region(region)
+
+
+# Service principals that differ by partition (AWS in China: EC2's is ec2.amazonaws.com.cn; EKS's is the same
+# everywhere). Trust policies for nodes must name the partition's.
+PARTITION_SERVICE_PRINCIPALS = {"aws-cn": {"ec2.amazonaws.com": "ec2.amazonaws.com.cn"}}
+
+
+def service_principal(service: str, region: str) -> str:
+    return PARTITION_SERVICE_PRINCIPALS.get(partition(region), {}).get(service, service)
+
+
+def in_partition(arn: str, region: str) -> str:
+    """An `arn:aws:` ARN written for the aws partition, in the region's partition."""
+    return arn.replace("arn:aws:", f"arn:{partition(region)}:", 1)
+
+
+def vpc_endpoint_service(region: str, service: str) -> str:
+    """VPC endpoint service names: com.amazonaws.<region>.<service>, and cn.com.amazonaws... in China."""
+    return f"{'cn.' if partition(region) == 'aws-cn' else ''}com.amazonaws.{region}.{service}"

@@ -6,7 +6,7 @@ import json
 import pulumi
 import pulumi_aws as aws
 
-from infra import iam
+from infra import aws_rules, iam
 from infra.resources import children_options
 
 CONTROL_PLANE_LOGS = ["api", "audit", "authenticator"]
@@ -47,7 +47,8 @@ class EksCluster(pulumi.ComponentResource):
 
         role = aws.iam.Role(f"{name}-cluster-role", assume_role_policy=iam.service_trust("eks.amazonaws.com"),
                             tags=tags, opts=child)
-        attachments = [aws.iam.RolePolicyAttachment(f"{name}-cluster-{i}", role=role.name, policy_arn=arn, opts=child)
+        attachments = [aws.iam.RolePolicyAttachment(f"{name}-cluster-{i}", role=role.name,
+                                                    policy_arn=aws_rules.in_partition(arn, region), opts=child)
                        for i, arn in enumerate(iam.EKS_CLUSTER_POLICIES)]
 
         # EKS would create /aws/eks/<name>/cluster itself, with no retention and outliving `destroy`;
@@ -82,8 +83,10 @@ class EksCluster(pulumi.ComponentResource):
         self.oidc_provider = aws.iam.OpenIdConnectProvider(
             f"{name}-oidc", url=self.oidc_issuer, client_id_lists=["sts.amazonaws.com"], tags=tags, opts=child)
 
+        self.kubernetes_version = kubernetes_version
         self.early_addons = [
             aws.eks.Addon(f"{name}-{addon}", cluster_name=self.cluster.name, addon_name=addon,
+                          addon_version=self.addon_version(addon),
                           resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="OVERWRITE",
                           configuration_values=(json.dumps(ADDON_CONFIGURATION[addon])
                                                 if addon in ADDON_CONFIGURATION else None),
@@ -96,13 +99,15 @@ class EksCluster(pulumi.ComponentResource):
                                         principal_arn=principal, type="STANDARD", tags=tags, opts=child)
             aws.eks.AccessPolicyAssociation(
                 f"{name}-admin-{i}", cluster_name=self.cluster.name, principal_arn=entry.principal_arn,
-                policy_arn=iam.CLUSTER_ADMIN_POLICY,
+                policy_arn=aws_rules.in_partition(iam.CLUSTER_ADMIN_POLICY, region),
                 access_scope=aws.eks.AccessPolicyAssociationAccessScopeArgs(type="cluster"), opts=child)
 
-        self.node_role = aws.iam.Role(f"{name}-node-role", assume_role_policy=iam.service_trust("ec2.amazonaws.com"),
-                                      tags=tags, opts=child)
+        self.node_role = aws.iam.Role(
+            f"{name}-node-role", assume_role_policy=iam.service_trust(aws_rules.service_principal("ec2.amazonaws.com", region)),
+            tags=tags, opts=child)
         self.node_role_attachments = [
-            aws.iam.RolePolicyAttachment(f"{name}-node-{i}", role=self.node_role.name, policy_arn=arn, opts=child)
+            aws.iam.RolePolicyAttachment(f"{name}-node-{i}", role=self.node_role.name,
+                                         policy_arn=aws_rules.in_partition(arn, region), opts=child)
             for i, arn in enumerate(iam.NODE_POLICIES)
         ]
         self.security_group_id = self.cluster.vpc_config.cluster_security_group_id
@@ -111,11 +116,18 @@ class EksCluster(pulumi.ComponentResource):
         ).apply(lambda a: kubeconfig(a[0], a[1], a[2], region)))
         self.register_outputs({"clusterName": self.cluster.name})
 
+    def addon_version(self, addon: str) -> pulumi.Output[str]:
+        """EKS's default version of the add-on for the cluster's Kubernetes version (DescribeAddonVersions):
+        add-ons follow a version bump instead of keeping the version they were installed with."""
+        return aws.eks.get_addon_version_output(addon_name=addon, kubernetes_version=self.kubernetes_version,
+                                                most_recent=False, opts=pulumi.InvokeOutputOptions(parent=self)).version
+
     def late_addons(self, *, depends_on: list[pulumi.Resource]) -> list[aws.eks.Addon]:
         """Add-ons that need a node to schedule on (coredns)."""
         return [
             aws.eks.Addon(f"{self._name}-{addon}", cluster_name=self.cluster.name, addon_name=addon,
-                          resolve_conflicts_on_create="OVERWRITE", resolve_conflicts_on_update="OVERWRITE",
+                          addon_version=self.addon_version(addon), resolve_conflicts_on_create="OVERWRITE",
+                          resolve_conflicts_on_update="OVERWRITE",
                           tags=self.cluster.tags,
                           opts=pulumi.ResourceOptions(parent=self, depends_on=depends_on))
             for addon in LATE_ADDONS

@@ -5,6 +5,7 @@ import json
 
 from facts.autoscaler import discovery_tags
 
+# Written for the aws partition; infra.aws_rules.in_partition moves them to the stack region's.
 EKS_CLUSTER_POLICIES = ("arn:aws:iam::aws:policy/AmazonEKSClusterPolicy",)
 # What a node needs and nothing more: join the cluster, run the VPC CNI, pull images,
 # and be reachable through SSM Session Manager instead of SSH keys.
@@ -69,7 +70,7 @@ def deny_insecure_transport(bucket_arn: str) -> str:
     })
 
 
-def cluster_autoscaler_policy(cluster_name: str) -> str:
+def cluster_autoscaler_policy(cluster_name: str, partition: str = "aws") -> str:
     """Read what the Cluster Autoscaler needs to plan; resize and terminate only this cluster's node groups.
 
     The write actions are limited by the ASG tag k8s.io/cluster-autoscaler/<cluster>=owned, which
@@ -85,10 +86,10 @@ def cluster_autoscaler_policy(cluster_name: str) -> str:
                         "ec2:DescribeLaunchTemplateVersions", "ec2:GetInstanceTypesFromInstanceRequirements"],
              "Resource": "*"},
             {"Sid": "DescribeOwnNodeGroups", "Effect": "Allow", "Action": ["eks:DescribeNodegroup"],
-             "Resource": f"arn:aws:eks:*:*:nodegroup/{cluster_name}/*/*"},
+             "Resource": f"arn:{partition}:eks:*:*:nodegroup/{cluster_name}/*/*"},
             {"Sid": "ResizeOwnNodeGroupsOnly", "Effect": "Allow",
              "Action": ["autoscaling:SetDesiredCapacity", "autoscaling:TerminateInstanceInAutoScalingGroup"],
-             "Resource": "arn:aws:autoscaling:*:*:autoScalingGroup:*:autoScalingGroupName/*",
+             "Resource": f"arn:{partition}:autoscaling:*:*:autoScalingGroup:*:autoScalingGroupName/*",
              "Condition": {"StringEquals": {
                  f"aws:ResourceTag/{key}": value for key, value in reversed(discovery_tags(cluster_name).items())}}},
         ],
@@ -103,15 +104,15 @@ S3_DATA_ACTIONS = ("s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortM
                    "s3:ListBucketMultipartUploads")
 
 
-def s3_endpoint_policy(region: str, account_id: str) -> str:
+def s3_endpoint_policy(region: str, account_id: str, partition: str = "aws") -> str:
     """What the S3 gateway endpoint lets through: data in this account's buckets, and AWS's buckets nodes read."""
     return json.dumps({
         "Version": "2012-10-17",
         "Statement": [
             {"Sid": "OwnAccountBuckets", "Effect": "Allow", "Principal": "*", "Action": list(S3_DATA_ACTIONS),
-             "Resource": ["arn:aws:s3:::*", "arn:aws:s3:::*/*"],
+             "Resource": [f"arn:{partition}:s3:::*", f"arn:{partition}:s3:::*/*"],
              "Condition": {"StringEquals": {"aws:ResourceAccount": account_id}}},
             {"Sid": "ImageLayersAndPackages", "Effect": "Allow", "Principal": "*", "Action": "s3:GetObject",
-             "Resource": [f"arn:aws:s3:::{b.format(region=region)}/*" for b in AWS_OWNED_BUCKETS]},
+             "Resource": [f"arn:{partition}:s3:::{b.format(region=region)}/*" for b in AWS_OWNED_BUCKETS]},
         ],
     })

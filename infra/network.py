@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
+from infra import aws_rules
+
 VPC_CIDR = "10.0.0.0/16"
 
 
@@ -105,7 +107,8 @@ class Network(pulumi.ComponentResource):
         # S3 (checkpoints, datasets, ECR image layers) through a gateway endpoint: free, where the NAT
         # gateway charges per GB.
         self.s3_endpoint = aws.ec2.VpcEndpoint(
-            f"{name}-s3", vpc_id=self.vpc.id, service_name=f"com.amazonaws.{region}.s3", vpc_endpoint_type="Gateway",
+            f"{name}-s3", vpc_id=self.vpc.id, service_name=aws_rules.vpc_endpoint_service(region, "s3"),
+            vpc_endpoint_type="Gateway",
             route_table_ids=[private_rt.id], policy=s3_endpoint_policy, tags=tagged("s3"), opts=child)
         # What nodes need before they can boot and pull images: a way out through the NAT gateway, and
         # the S3 route in place (an endpoint added later resets the connections of image pulls under way).

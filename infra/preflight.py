@@ -197,6 +197,40 @@ def quota_problems(needed: dict[tuple[str, str], tuple[int, NodePool]],
     return problems
 
 
+def _minor(version: str | None) -> tuple[int, int] | None:
+    match = re.fullmatch(r"(\d+)\.(\d+)", str(version or ""))
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def upgrade_problems(current: str | None, wanted: str, node_groups: dict[str, str | None],
+                     pools: tuple[NodePool, ...]) -> list[str]:
+    """What EKS refuses of a Kubernetes version change, and how to get there instead.
+
+    EKS moves the control plane one minor version per update, never down, and refuses the next bump while
+    a node group lags behind the control plane; a Capacity Block node group upgrades only at desired size 0.
+    """
+    was, now = _minor(current), _minor(wanted)
+    if was is None or now is None or was == now:
+        return []
+    key, problems = f"{KEY}kubernetesVersion", []
+    if now < was:
+        return [f"{key}: {wanted} is older than the cluster's {current}; EKS never downgrades. Set it back to {current}"]
+    if now[0] != was[0] or now[1] - was[1] > 1:
+        step = f"{was[0]}.{was[1] + 1}"
+        problems.append(f"{key}: {current} -> {wanted} skips a minor version; EKS upgrades one at a time: set it to "
+                        f"{step}, `pulumi up` (the control plane, then every node group), then the next one")
+    lagging = sorted(name for name, version in node_groups.items() if _minor(version) and _minor(version) < was)
+    if lagging:
+        problems.append(f"{key}: node group(s) {', '.join(lagging)} still run an older version than the control "
+                        f"plane's {current}; EKS refuses the next bump until they match. Run `pulumi up` with "
+                        f"{key} {current} first (node groups follow it), then upgrade")
+    for pool in (p for p in pools if p.capacity_type == "CAPACITY_BLOCK"):
+        problems.append(f"{pool.key('capacityType')}: EKS upgrades a Capacity Block node group only while it has no "
+                        f"nodes: scale pool {pool.name} to 0 ({pool.key('desiredSize')} 0, `pulumi up`), upgrade, then "
+                        "restore it")
+    return problems
+
+
 # --- lookups -------------------------------------------------------------------------------------------
 
 def lookup_zones(invoke: pulumi.InvokeOptions) -> list[Zone]:
@@ -256,6 +290,31 @@ def offering_problems(pools: tuple[NodePool, ...], zones: tuple[Zone, ...], invo
     return problems
 
 
+def is_deployed(cluster_name: str, invoke: pulumi.InvokeOptions) -> bool:
+    return bool(cluster_name) and cluster_name in (aws.eks.get_clusters(opts=invoke).names or [])
+
+
+def kept_zone_problems(pools: tuple[NodePool, ...], gpu_zone: str | None, chosen: Zone | None) -> list[str]:
+    """A deployed stack keeps its GPU zone in config: unset, it is chosen anew from the offerings on every run,
+    and a new offering in an earlier zone would move (replace) every EFA pool that follows it."""
+    auto = [p for p in pools if p.efa and p.availability_zone is None]
+    if gpu_zone is not None or chosen is None or not auto or any(p.capacity_reservation_id for p in auto):
+        return []  # pinned by config, or by a reservation's zone
+    return [f"{KEY}availabilityZone: not set on a deployed stack, so the GPU zone is chosen anew from the offerings "
+            f"on every run; keep the deployed one: `pulumi config set {KEY}availabilityZone "
+            f"$(pulumi stack output gpuAvailabilityZone)` (it is {chosen.name} if the offerings have not changed)"]
+
+
+def lookup_running_versions(cluster_name: str, invoke: pulumi.InvokeOptions) -> tuple[str | None, dict[str, str | None]]:
+    """The deployed control plane's version and each node group's, or (None, {}) before the cluster exists."""
+    if not is_deployed(cluster_name, invoke):
+        return None, {}
+    current = aws.eks.get_cluster(name=cluster_name, opts=invoke).version
+    names = aws.eks.get_node_groups(cluster_name=cluster_name, opts=invoke).names or []
+    return current, {n: aws.eks.get_node_group(cluster_name=cluster_name, node_group_name=n, opts=invoke).version
+                     for n in sorted(names)}
+
+
 def lookup_quotas(families, invoke: pulumi.InvokeOptions) -> dict[tuple[str, str], float]:
     """The account's vCPU quotas; one that cannot be read (no servicequotas:GetServiceQuota) is skipped."""
     quotas = {}
@@ -270,7 +329,8 @@ def lookup_quotas(families, invoke: pulumi.InvokeOptions) -> dict[tuple[str, str
 
 
 def survey(pools: tuple[NodePool, ...], *, region: str, gpu_zone: str | None, admin_role_arns: tuple[str, ...],
-           placeholders: tuple[str, ...], invoke: pulumi.InvokeOptions, cluster_name: str = "") -> Site:
+           placeholders: tuple[str, ...], invoke: pulumi.InvokeOptions, cluster_name: str = "",
+           kubernetes_version: str | None = None) -> Site:
     """Every lookup and check; raises PreflightError naming each problem and its fix.
 
     `gpu_zone` (availabilityZone) places the EFA pools that name no zone of their own; the first
@@ -304,6 +364,11 @@ def survey(pools: tuple[NodePool, ...], *, region: str, gpu_zone: str | None, ad
         chosen[pool.name] = zone
     caller = aws.get_caller_identity(opts=invoke).arn
     problems.extend(admin_problems(admin_role_arns, caller))
+    if kubernetes_version:
+        current, node_groups = lookup_running_versions(cluster_name, invoke)
+        problems.extend(upgrade_problems(current, kubernetes_version, node_groups, pools))
+        if current is not None:
+            problems.extend(kept_zone_problems(pools, gpu_zone, first_gpu_zone))
     needed = vcpus_needed(pools)
     problems.extend(quota_problems(needed, lookup_quotas(needed, invoke)))
     gpu = first_gpu_zone or next(iter(chosen.values()), None) or choose_default(zones)

@@ -23,3 +23,4 @@ def test_the_table_covers_the_typical_changes():
     assert len(rows) == len(labels)
     assert any("VERSION" in r for r in rows if r.startswith("| Kubernetes version +2"))
     assert not any("DATA" in r or "COLLISION" in r or "STALE" in r for r in rows)
+    assert any("CRDS" in r for r in rows if r.startswith("| KubeRay version"))

@@ -211,3 +211,23 @@ def test_a_scale_to_zero_setting_without_a_scaled_pool_names_the_key_the_stack_f
     with pytest.raises(ConfigError, match=r"unless raytrain-eks:scaleToZero is true; set that or remove"):
         load(base, stack="c")
     assert load({**base, "raytrain-eks:scaleToZero": True}, stack="c").scale_to_zero
+
+
+def test_the_plan_refuses_a_stack_whose_requests_aws_would_refuse(tmp_path, monkeypatch, capsys):
+    """The conformance checker (deploy.aws_requests, botocore's models) runs on the user's own stack too."""
+    from deploy import aws_requests
+
+    (tmp_path / "Pulumi.mine.yaml").write_text(yaml.safe_dump({"config": {
+        "aws:region": "us-east-1", "raytrain-eks:apiAccessCidrs": ["203.0.113.10/32"]}}))
+    monkeypatch.setattr(plan, "REPO_ROOT", tmp_path)
+    assert plan.main(["--stack", "mine"]) == 0
+    capsys.readouterr()
+    original = aws_requests.MAPPINGS["aws:eks/cluster:Cluster"]
+
+    def too_long_name(inputs, name, tags):  # what a checker-visible mistake looks like: a name over EKS's limit
+        return original({**inputs, "name": "c" * 101}, name, tags)
+
+    monkeypatch.setitem(aws_requests.MAPPINGS, "aws:eks/cluster:Cluster", too_long_name)
+    assert plan.main(["--stack", "mine"]) == 2
+    err = capsys.readouterr().err
+    assert "AWS would refuse these requests" in err and "aws:eks/cluster:Cluster cluster-eks: eks CreateCluster" in err

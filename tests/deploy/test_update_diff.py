@@ -7,12 +7,12 @@ and the engine's ignoreChanges rule is replayed on the stored inputs.
 """
 from __future__ import annotations
 
-import functools
 import json
 
 import pytest
 
-from deploy import offline, plan, update_diff
+from deploy import plan, update_diff
+from deploy.change_table import planned  # one cache of plans for these tests and the table's
 from deploy.update_diff import RULES
 from tests.guards import nonempty
 from tests.stacks import read_stack_file
@@ -36,15 +36,6 @@ PINNED_SOURCES = {
     "aws:ec2/launchTemplate:LaunchTemplate": ("internal/service/ec2/ec2_launch_template.go",
                                               "025e4f81cab8553cb052aebfcc5987e2aa8c702a"),
 }
-
-
-@functools.cache
-def _plan(frozen: str) -> tuple:
-    return tuple(plan.records(offline.run(json.loads(frozen), stack="dev")))
-
-
-def planned(config: dict) -> list[dict]:
-    return list(_plan(json.dumps(config, sort_keys=True)))
 
 
 def diff(before: dict, **changes) -> update_diff.Diff:
@@ -138,6 +129,8 @@ def test_kubernetes_plus_one_moves_the_nodes_with_the_control_plane_and_says_so(
         assert group.verdict == "update" and "version" in group.changed
     assert len(reviewed(d, "NODES")) == 2 and reviewed(d, "VERSION") == []
     assert verdicts(d, "replace") == []
+    for addon in nonempty([c for c in d.changes if c.type == "aws:eks/addon:Addon"], "add-ons"):
+        assert addon.verdict == "update" and addon.changed == ["addonVersion"]  # EKS's default for 1.35
 
 
 def test_kubernetes_plus_two_is_flagged():
@@ -244,6 +237,8 @@ def test_a_kuberay_version_updates_the_operator_release():
     # only the operator's image pin (no cloud object: the new tag is pinned anew)
     assert verdicts(d, "replace") == ["ray-kuberay-operator-image"] and reviewed(d, "NODES") == []
     assert rule("pulumi-python:dynamic/raytrain:PinnedImage") == ["image"]
+    (crds,) = reviewed(d, "CRDS")  # Helm never upgrades CRDs: the reviewer is told to apply them
+    assert "kuberay-operator 1.6.0" in crds
 
 
 # --- the diff's own rules ---------------------------------------------------------------------------------
@@ -294,3 +289,13 @@ def test_a_plan_written_before_urns_and_options_were_recorded_still_compares():
     d = update_diff.compare(moved, planned(BASE))
     assert d.of(SUBNET, "net-private-us-east-1a").verdict == "replace"
     assert d.of(NODE_GROUP, "gpu-ng").verdict == "replace" and d.of(NODE_GROUP, "gpu-ng").forcing == ["subnetIds"]
+
+
+def test_a_capacity_block_node_group_that_would_roll_is_told_to_scale_to_zero():
+    group = {"type": NODE_GROUP, "name": "gpu-ng", "urn": "g", "id": "gpu-ng-id", "options": {},
+             "inputs": {"capacityType": "CAPACITY_BLOCK", "version": "1.34", "subnetIds": ["s"]}}
+    d = update_diff.compare([group], [{**group, "inputs": {**group["inputs"], "version": "1.35"}}])
+    assert any("Capacity Block node group, which EKS updates only at zero nodes" in n for n in reviewed(d, "NODES"))
+    plain = {**group, "inputs": {**group["inputs"], "capacityType": "ON_DEMAND"}}
+    d = update_diff.compare([plain], [{**plain, "inputs": {**plain["inputs"], "version": "1.35"}}])
+    assert not any("Capacity Block" in n for n in d.review) and reviewed(d, "NODES")

@@ -14,13 +14,13 @@ import re
 import botocore.session
 import pytest
 
+from deploy import aws_requests as ar
 from deploy import offline
 from facts import catalog
 from infra import aws_rules
 from tests.guards import nonempty
 from tests.stacks import read_stack_file
 
-from . import aws_requests as ar
 from .conftest import BASE
 
 CR = "cr-0123456789abcdef0"
@@ -58,7 +58,7 @@ def all_requests(plans) -> dict[str, list[ar.Request]]:
 def test_every_aws_resource_type_has_a_request_mapping(plans):
     for name, result in nonempty(plans.items(), "plans"):
         _, unmapped = ar.requests(result)
-        assert unmapped == [], f"{name}: add these resource types to tests/infra/aws_requests.MAPPINGS: {unmapped}"
+        assert unmapped == [], f"{name}: add these resource types to deploy/aws_requests.MAPPINGS: {unmapped}"
     covered = {r.type for result in plans.values() for r in result.resources if r.type in ar.MAPPINGS}
     assert covered == set(ar.MAPPINGS), f"mappings no plan exercises: {set(ar.MAPPINGS) - covered}"
 

@@ -183,3 +183,58 @@ def test_placement_errors_are_preflight_errors_pulumi_prints_without_a_traceback
     import pulumi
 
     assert issubclass(PlacementError, PreflightError) and issubclass(PreflightError, pulumi.RunError)
+
+
+# --- Kubernetes upgrades of a deployed cluster ----------------------------------------------------------------
+
+KEPT = {"availabilityZone": "us-east-1a"}  # a deployed stack keeps its GPU zone in config
+
+
+def deployed(version: str = "1.34", **node_groups) -> offline.RecordingMocks:
+    groups = node_groups or {"system-ng-1a2b3c4": version, "gpu-ng-5d6e7f8": version}
+    return offline.RecordingMocks("us-east-1", clusters={"raytrain-eks-dev": {"version": version, "nodeGroups": groups}})
+
+
+def test_a_kubernetes_version_that_skips_a_minor_is_refused_with_the_procedure():
+    (problem,) = preflight_problems(deployed("1.34"), kubernetesVersion="1.36", **KEPT)
+    assert problem.startswith("raytrain-eks:kubernetesVersion: 1.34 -> 1.36 skips a minor version")
+    assert "set it to 1.35, `pulumi up`" in problem
+
+
+def test_one_minor_up_passes_and_a_downgrade_is_refused():
+    run_stack(mocks=deployed("1.34"), kubernetesVersion="1.35", **KEPT)
+    run_stack(mocks=deployed("1.35"), kubernetesVersion="1.35", **KEPT)
+    (problem,) = preflight_problems(deployed("1.36"), kubernetesVersion="1.35", **KEPT)
+    assert "older than the cluster's 1.36; EKS never downgrades" in problem
+
+
+def test_a_bump_while_node_groups_lag_is_refused():
+    mocks = deployed("1.35", **{"system-ng-1a2b3c4": "1.35", "gpu-ng-5d6e7f8": "1.34"})
+    (problem,) = preflight_problems(mocks, kubernetesVersion="1.36", **KEPT)
+    assert "gpu-ng-5d6e7f8 still run an older version than the control plane's 1.35" in problem
+    assert "raytrain-eks:kubernetesVersion 1.35 first" in problem
+
+
+def test_a_capacity_block_pool_is_upgraded_at_zero_nodes():
+    block = reservation(InstanceType="p5.48xlarge", kind="capacity-block", AvailabilityZone="us-east-1a")
+    mocks = deployed("1.34")
+    mocks.reservations = {CR: block}
+    problems = preflight_problems(mocks, kubernetesVersion="1.35", gpuNodeType="p5.48xlarge",
+                                  capacityType="CAPACITY_BLOCK", capacityReservationId=CR)
+    assert any("Capacity Block node group only while it has no nodes" in p for p in problems), problems
+
+
+def test_a_new_stack_looks_up_no_cluster_versions():
+    result = run_stack(kubernetesVersion="1.34")
+    assert "aws:eks/getClusters:getClusters" in [t for t, _ in result.calls]
+    assert "aws:eks/getCluster:getCluster" not in [t for t, _ in result.calls]
+
+
+def test_a_deployed_stack_keeps_its_gpu_zone_in_config():
+    """Unset, the GPU zone is recomputed from the offerings on every run: a new offering would move the nodes."""
+    (problem,) = preflight_problems(deployed("1.34"), kubernetesVersion="1.34")
+    assert problem.startswith("raytrain-eks:availabilityZone: not set on a deployed stack")
+    assert "pulumi config set raytrain-eks:availabilityZone $(pulumi stack output gpuAvailabilityZone)" in problem
+    assert "us-east-1a" in problem
+    run_stack(mocks=deployed("1.34"), kubernetesVersion="1.34", **KEPT)
+    run_stack(kubernetesVersion="1.34")  # a first deployment chooses it

@@ -1,5 +1,8 @@
 """The offline plan's AWS resources as the API requests AWS receives, checked against botocore's models.
 
+`python -m deploy.plan` runs it on the stack being planned (problems(): every request AWS would refuse,
+exit 2); tests/infra/test_conformance.py runs it on every shipped stack and variant.
+
 MAPPINGS turns each recorded resource (pulumi's camelCase inputs) into the request(s) the provider
 sends: `aws:eks/cluster:Cluster` -> eks CreateCluster, ... Nested members are matched to the shape by
 name (case-insensitively; RENAMES where the provider spells them differently), so a member that has
@@ -202,6 +205,13 @@ def requests(result) -> tuple[list[Request], list[str]]:
         for service, operation, params in mapping(inputs, resource.name, merged_tags(resource, default_tags)):
             found.append(Request(f"{resource.type} {resource.name}", service, operation, params))
     return found, unmapped
+
+
+def problems(result) -> list[str]:
+    """Every way the plan's requests break AWS's request shapes, each naming the resource and the member."""
+    found, unmapped = requests(result)
+    out = [f"{r.resource}: {r.service} {r.operation}: {message}" for r in found for _, message in check(r)]
+    return out + [f"{t}: no request mapping (deploy/aws_requests.py MAPPINGS); add one" for t in sorted(set(unmapped))]
 
 
 def check(request: Request) -> list[tuple[str, str]]:
