@@ -50,7 +50,8 @@ KEY_SETTINGS = {
     "pulumi-python:dynamic/raytrain:PinnedImage": ("image",),
 }
 K8S_OBJECT_FIELDS = ("apiVersion", "kind", "metadata", "spec", "data", "stringData", "type", "rules", "subjects",
-                     "roleRef", "automountServiceAccountToken")
+                     "roleRef", "automountServiceAccountToken", "value", "globalDefault", "preemptionPolicy",
+                     "description")
 
 
 def stack_path(stack: str, root: Path | None = None) -> Path:

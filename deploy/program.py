@@ -19,7 +19,7 @@ from infra.node_pools import NodePool
 from infra.storage import CheckpointStore
 from workloads import image as dlc_image
 from workloads.settings import WorkerGroup, Workloads
-from workloads.stack import RayWorkloads
+from workloads.stack import RayWorkloads, prioritized_manifest
 
 
 def workloads(cfg: StackConfig) -> Workloads:
@@ -148,6 +148,8 @@ def main(*, offline: bool = False) -> dict[str, pulumi.Output]:
             f"{ray_facts.DASHBOARD_PORT}:{ray_facts.DASHBOARD_PORT}"),
         names.ESTIMATED_COST_PER_HOUR: pulumi.Output.from_input(hourly_cost(cfg.node_pools)),
         names.DLC_IMAGE: image,
+        names.RAY_JOB_CLUSTER_SPEC: pulumi.Output.all(image, store.uri).apply(
+            lambda a: prioritized_manifest(workloads(cfg), image=a[0], checkpoint_uri=a[1])["spec"]),
     }
     if gpu:
         outputs[names.GPU_NODE_TYPE] = pulumi.Output.from_input(gpu.instance_type)

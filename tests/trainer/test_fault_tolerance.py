@@ -125,19 +125,26 @@ def test_a_failed_job_resubmitted_under_its_run_name_resumes_past_a_torn_checkpo
     retries). `submit --no-wait` printed the command that follows it: run as printed, it streams the job to its
     end and exits 1 with the tail of the error. Its newest checkpoint is then torn, as an upload cut short
     leaves it. The same `submit` again resumes from the newest checkpoint that is still complete, never the
-    torn one that Ray's own record names, and ends with the weights of the uninterrupted run."""
+    torn one that Ray's own record names, and ends with the weights of the uninterrupted run.
+
+    Both submissions name no --storage-path, as a user of a plain `ray start` cluster would: the run folder is
+    the head's ~/trainer-runs/NAME (an absolute path Ray Train accepts; HOME is the test's folder here)."""
     from ray.job_submission import JobStatus
 
     name = "resubmitted"
     fail_at = 2 * runs.EVERY + 2
-    cfg = runs.config(demo_assets, trainer_cache, str(tmp_path), name, max_failures=0, fail_at_step=fail_at)
-    run = tmp_path / name
-    submit = [sys.executable, "-m", "trainer", "submit", "--address", ray_cluster.dashboard_url, *runs.cli_flags(cfg)]
+    cfg = runs.config(demo_assets, trainer_cache, "runs", name, max_failures=0, fail_at_step=fail_at)
+    home = tmp_path / "home"
+    run = home / "trainer-runs" / name
+    flags = runs.cli_flags(cfg)
+    assert "--storage-path" not in flags and "--out" not in flags
+    submit = [sys.executable, "-m", "trainer", "submit", "--address", ray_cluster.dashboard_url, *flags,
+              "--env", f"HOME={home}"]
     env = ray_cluster.client_env()
 
     first = subprocess.run(submit + ["--no-wait"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert first.returncode == 0, first.stdout + first.stderr
-    assert f"Submitted run {name}" in first.stdout
+    assert f"Submitted run {name}" in first.stdout and f"~/trainer-runs/{name} on the head" in first.stdout
     logs = re.search(r"Follow it with `([^`]+)`", first.stdout).group(1)
     assert logs.split()[-2:] == ["--address", ray_cluster.dashboard_url]
     followed = subprocess.run(shlex.split(logs), cwd=REPO, env=env, capture_output=True, text=True, timeout=600)

@@ -127,3 +127,29 @@ def check_capacity(num_workers: int, use_gpu: bool, pool: str | None = None) -> 
     if problem:
         raise ClusterError(problem if not pool or autoscaler_max else problem.replace(
             "the Ray cluster has", f"pool {pool} of the Ray cluster has", 1))
+
+
+def shared_storage_problem(alive_nodes: int, can_grow: bool, storage: str) -> str | None:
+    """Why a run folder on one node's disk cannot serve this cluster: other nodes (now or once the autoscaler
+    adds them) would write checkpoints the others never see; None on a single node that stays one."""
+    if alive_nodes <= 1 and not can_grow:
+        return None
+    why = f"it has {alive_nodes} nodes" if alive_nodes > 1 else "its autoscaler can add nodes"
+    return (f"no --storage-path was given and the run folder would be {storage} on the head's disk, but {why}, "
+            f"which cannot all reach that folder; pass --storage-path s3://BUCKET/PREFIX (storage every node "
+            f"reaches), or submit with --stack NAME to use the stack's bucket")
+
+
+def check_single_node(storage: str) -> None:
+    """shared_storage_problem for the connected cluster (ray.init first); ClusterError when there is one."""
+    import ray
+
+    try:
+        from ray._private.state import state
+
+        can_grow = bool(state.get_max_resources_from_cluster_config())
+    except Exception:  # noqa: BLE001 - a private API: without it, the nodes alive now decide
+        can_grow = False
+    problem = shared_storage_problem(sum(1 for n in ray.nodes() if n.get("Alive")), can_grow, storage)
+    if problem:
+        raise ClusterError(problem)

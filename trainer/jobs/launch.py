@@ -15,11 +15,11 @@ from typing import Any, Callable, Sequence
 from facts import ray as ray_facts
 from facts.errors import EXIT_FAILED, EXIT_OK, UserError, first_line
 from trainer.config.flags import ConfigError, TrainConfig, flag, is_remote
-from trainer.config.load import add_arguments, from_args
+from trainer.config.load import absolute_storage, add_arguments, from_args
 from trainer.data.formats import Renderer
 from trainer.data.packing import DataError, DataSpec, check_records, load_records, prepare, tokenizer_fingerprint
 from trainer.data.packing import summary as data_summary
-from trainer.jobs.cluster import ClusterError, check_capacity, check_reachable
+from trainer.jobs.cluster import ClusterError, check_capacity, check_reachable, check_single_node
 from trainer.loop.metrics import missing_backends
 from trainer.loop.run import CHAT_TEMPLATE_KEY, train_func
 from trainer.model.build import check_architecture
@@ -263,11 +263,16 @@ def train(cfg: TrainConfig, storage_filesystem: Any = None, *, check: bool = Tru
 
 
 def storage_default(environ=None) -> dict[str, str] | None:
-    """The default storage path on the cluster: CHECKPOINT_URI, which the RayCluster sets on its head (the stack's bucket)."""
+    """The default storage path on the cluster: CHECKPOINT_URI, which the RayCluster sets on its head (the stack's
+    bucket); else, for a job `submit --address` sent without storage, the head's own folder (facts.ray.NODE_RUNS_ENV)."""
     import os
 
-    uri = (os.environ if environ is None else environ).get(ray_facts.CHECKPOINT_ENV)
-    return {"storage_path": uri} if uri else None
+    env = os.environ if environ is None else environ
+    uri = env.get(ray_facts.CHECKPOINT_ENV)
+    if uri:
+        return {"storage_path": uri}
+    on_node = env.get(ray_facts.NODE_RUNS_ENV)
+    return {"storage_path": str(Path(on_node).expanduser().absolute())} if on_node else None
 
 
 def print_notes(info: dict) -> None:
@@ -296,8 +301,10 @@ def main(argv: Sequence[str]) -> int:
     add_arguments(parser)
     args = parser.parse_args(list(argv))
     address = args.__dict__.pop("address")
-    cfg = from_args(args, storage_default())
-    if not is_remote(cfg.storage_path) and cfg.num_workers > 1 and address not in ("auto", "local"):
+    default = storage_default()
+    cfg = absolute_storage(from_args(args, default))
+    on_node = bool(default) and not is_remote(default["storage_path"]) and cfg.storage_path == default["storage_path"]
+    if not is_remote(cfg.storage_path) and cfg.num_workers > 1 and address not in ("auto", "local") and not on_node:
         print(f"note: {flag('storage_path')} {cfg.storage_path} is local; multi-node runs need shared storage (s3://)",
               file=sys.stderr)
 
@@ -305,6 +312,8 @@ def main(argv: Sequence[str]) -> int:
     info = preflight(cfg)
     print_notes(info)
     connect(address)
+    if on_node:  # the head's own folder, chosen for a single-node cluster: it must still be one
+        check_single_node(cfg.storage_path)
     try:
         train(cfg, check=False, inputs=info["inputs"])
     except UserError:
