@@ -13,6 +13,7 @@ from infra import aws_provider, aws_rules, iam, legacy, preflight
 from infra.cluster import EksCluster
 from infra.cost import cost_warnings, hourly_cost
 from infra.irsa import IrsaRole
+from infra.monitoring import CloudWatchObservability
 from infra.network import Network
 from infra.node_group import EfaFabric, NodeGroup
 from infra.node_pools import NodePool
@@ -125,6 +126,10 @@ def main(*, offline: bool = False) -> dict[str, pulumi.Output]:
                            tags=tags, opts=pulumi.ResourceOptions.merge(
                                with_provider, legacy.renamed(legacy.CLUSTER_AUTOSCALER_ROLE)))
                   if cfg.scale_to_zero else None)
+    if cfg.monitoring == "cloudwatch":
+        CloudWatchObservability("cloudwatch", cluster_name=eks.cluster.name, oidc_provider_arn=eks.oidc_provider.arn,
+                                oidc_issuer_url=eks.oidc_issuer, tags=tags,
+                                depends_on=[*groups.values(), *late_addons], opts=with_provider)
     RayWorkloads("ray", workloads(cfg), image=image, kubeconfig=eks.kubeconfig, irsa_role_arn=ray_role.role.arn,
                  checkpoint_uri=store.uri, cluster_dependencies=[*fabrics.values(), *groups.values(), *late_addons],
                  autoscaler_role_arn=autoscaler.role.arn if autoscaler else None,
