@@ -176,6 +176,60 @@ def test_a_failed_job_resubmitted_under_its_run_name_resumes_past_a_torn_checkpo
     runs.assert_same_training(run, reference)
 
 
+def _wait_for(client, job_id: str, timeout: float = 600):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not (status := client.get_job_status(job_id)).is_terminal():
+        assert time.monotonic() < deadline, f"{job_id} still {status} after {timeout:.0f} s"
+        time.sleep(1.0)
+    return status
+
+
+def test_each_rayjob_attempt_resumes_the_run_from_its_last_complete_checkpoint(
+        ray_cluster, reference, demo_assets, trainer_cache, tmp_path):
+    """KubeRay retries a RayJob (backoffLimit) by submitting its entrypoint and runtimeEnvYAML again, over the
+    Jobs API (HTTPMode), under a new job id, on a new cluster. Both attempts run here as the operator submits
+    them, from the manifest `submit --rayjob` builds; the package comes from a file:// URI, which Ray fetches
+    and unpacks as it does s3:// (one top-level folder removed). The first attempt fails after a checkpoint;
+    the second resumes from it and ends with the uninterrupted run's weights. A Ray run is needed because the
+    attempt is Ray's to run: the zip working_dir, the entrypoint and job.yaml as the cluster sees them."""
+    import tempfile
+
+    import yaml
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    from trainer.submit import rayjob
+    from trainer.submit.job import runtime_env, stage_job, train_entrypoint
+
+    name = "rayjob-attempts"
+    cfg = runs.config(demo_assets, trainer_cache, str(tmp_path / "runs"), name, max_failures=0,
+                      fail_at_step=runs.EVERY + 2)
+    with tempfile.TemporaryDirectory() as folder:
+        data, digest = rayjob.package(stage_job(Path(folder), cfg))
+    uri = rayjob.package_uri(f"file://{tmp_path / 'bucket'}", digest)
+    Path(uri.removeprefix("file://")).parent.mkdir(parents=True)
+    Path(uri.removeprefix("file://")).write_bytes(data)
+    job = rayjob.manifest(name=name, namespace="ray", entrypoint=train_entrypoint(),
+                          runtime_env=runtime_env(uri, [], {}), caps=rayjob.Caps(retries=1),
+                          cluster_spec={"headGroupSpec": {}})
+    client = JobSubmissionClient(ray_cluster.dashboard_url)
+    spec = job["spec"]
+    for attempt in (1, 2):  # what KubeRay's dashboard client sends (spec.entrypoint, the parsed runtimeEnvYAML)
+        job_id = client.submit_job(entrypoint=spec["entrypoint"], runtime_env=yaml.safe_load(spec["runtimeEnvYAML"]),
+                                   submission_id=f"{name}-attempt-{attempt}",
+                                   entrypoint_num_cpus=spec["entrypointNumCpus"])
+        status = _wait_for(client, job_id)
+        assert status == (JobStatus.FAILED if attempt == 1 else JobStatus.SUCCEEDED), client.get_job_logs(job_id)[-3000:]
+    run = tmp_path / "runs" / name
+    events = runs.events(run)
+    kinds = [e["event"] for e in events]
+    resume = events[kinds.index("resume")]
+    assert resume["step"] == runs.EVERY and resume["checkpoint"].endswith(ckpt.dir_name(runs.EVERY)), events
+    assert kinds[-1] == "export"
+    runs.assert_same_training(run, reference)
+
+
 def test_a_marker_is_trusted_only_while_every_file_it_lists_is_there(process_group, demo_assets, tmp_path):
     model = build_model(demo_assets["model"], device=torch.device("cpu"), use_gpu=False)
     opt = build_optimizer(model, lr=1e-3, weight_decay=0.0, fused=False)

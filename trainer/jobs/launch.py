@@ -19,7 +19,15 @@ from trainer.config.load import absolute_storage, add_arguments, from_args
 from trainer.data.formats import Renderer
 from trainer.data.packing import DataError, DataSpec, check_records, load_records, prepare, tokenizer_fingerprint
 from trainer.data.packing import summary as data_summary
-from trainer.jobs.cluster import ClusterError, check_capacity, check_reachable, check_single_node
+from trainer.jobs.cluster import (
+    ClusterError,
+    check_capacity,
+    check_reachable,
+    check_single_node,
+    dataset_bytes,
+    driver_memory_problem,
+    memory_limit_bytes,
+)
 from trainer.loop.metrics import missing_backends
 from trainer.loop.run import CHAT_TEMPLATE_KEY, train_func
 from trainer.model.build import check_architecture
@@ -309,6 +317,9 @@ def main(argv: Sequence[str]) -> int:
               file=sys.stderr)
 
     check_reachable(address)  # seconds, before the pre-flight reads the data
+    problem = driver_memory_problem(dataset_bytes(cfg.dataset), memory_limit_bytes(), cfg.dataset)
+    if problem:
+        raise ClusterError(problem)
     info = preflight(cfg)
     print_notes(info)
     connect(address)
