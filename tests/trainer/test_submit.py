@@ -7,6 +7,7 @@ end, token discovery from the RayCluster's Secret included.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.trainer.test_s3_storage import BUCKET, KEY, REGION, SECRET, s3  # noqa: F401 - s3: moto's server
 from trainer.loop.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -532,3 +534,61 @@ def test_lowering_nccl_debug_needs_the_efa_check_off():
     cpu = config.parse(["--model", "m", "--dataset", "d.jsonl", "--device", "cpu"])
     assert submit.job_environment(cpu, None, {}) == {}
     assert "worker_process_setup_hook" not in submit.runtime_env(Path("."), [], {})
+
+
+def test_submit_rayjob_uploads_the_package_and_creates_the_rayjob_through_the_kubernetes_api(
+        s3, demo_assets, trainer_cache, tmp_path):  # noqa: F811 - the moto fixture imported above
+    """The whole `submit --stack dev --rayjob` path with only the APIs mocked: the stack's outputs from a fake
+    `pulumi` (the offline plan's, with the bucket on moto's S3), the Kubernetes API behind a fake `kubectl`,
+    S3 as moto's server (pyarrow reaches it through AWS_ENDPOINT_URL_S3). The pre-flight reads the model and
+    data from that bucket; the package lands under _packages/ by its sha256 and unpacks to what the job runs."""
+    import io
+    import zipfile
+
+    import boto3
+    import yaml
+
+    from deploy import offline
+    from tests.stacks import read_stack_file
+    from trainer.submit import rayjob
+
+    run = offline.run(read_stack_file("dev", REPO), stack="dev")  # what deploy.stack_outputs prints
+    offline_outputs = json.loads(json.dumps({k: offline.plain(v) for k, v in run.outputs.items()}, default=str))
+    env_s3 = {"AWS_ENDPOINT_URL_S3": f"http://{s3.endpoint}", "AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET,
+              "AWS_REGION": REGION, "AWS_DEFAULT_REGION": REGION, "AWS_EC2_METADATA_DISABLED": "true"}
+    client = boto3.client("s3", endpoint_url=f"http://{s3.endpoint}", aws_access_key_id=KEY, aws_secret_access_key=SECRET,
+                          region_name=REGION)
+    for path in Path(demo_assets["model"]).iterdir():
+        client.upload_file(str(path), BUCKET, f"models/tiny/{path.name}")
+    client.upload_file(str(demo_assets["train"]), BUCKET, "data/train.jsonl")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("kubectl", FAKE_KUBECTL), ("pulumi", FAKE_PULUMI)):
+        (bin_dir / name).write_text(textwrap.dedent(text).format(python=sys.executable))
+        (bin_dir / name).chmod(0o755)
+    outputs = {**offline_outputs, "checkpointBucketUri": f"s3://{BUCKET}/runs", "kubeconfig": '{"apiVersion": "v1"}'}
+    (tmp_path / "outputs.json").write_text(json.dumps(outputs))
+    env = {**os.environ, **env_s3, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+           "FAKE_KUBECTL_LOG": str(tmp_path / "kubectl.log"), "FAKE_PULUMI_LOG": str(tmp_path / "pulumi.log"),
+           "FAKE_PULUMI_OUTPUTS": str(tmp_path / "outputs.json"), "FAKE_RAYJOBS": str(tmp_path),
+           "TRAINER_CACHE": str(trainer_cache)}
+    proc = cli("submit", "--stack", "dev", "--rayjob", "--model", f"s3://{BUCKET}/models/tiny", "--dataset",
+               f"s3://{BUCKET}/data/train.jsonl", "--run-name", "e2e", "--max-hours", "1", "--retries", "1",
+               "--seq-len", "128", "--global-batch-size", "8", env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "Created RayJob e2e in namespace ray" in proc.stdout and "status e2e --stack dev --rayjob" in proc.stdout
+    job = json.loads((tmp_path / "e2e.json").read_text())  # what the API server was given
+    spec = job["spec"]
+    assert (spec["backoffLimit"], spec["activeDeadlineSeconds"]) == (1, 3600)
+    assert spec["rayClusterSpec"] == offline_outputs["rayJobClusterSpec"]
+    working_dir = yaml.safe_load(spec["runtimeEnvYAML"])["working_dir"]
+    key = working_dir.removeprefix(f"s3://{BUCKET}/")
+    assert key.startswith(f"runs/{rayjob.PACKAGES}/") and key.endswith(".zip")
+    data = client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    assert key == f"runs/{rayjob.PACKAGES}/{hashlib.sha256(data).hexdigest()}.zip"
+    names = zipfile.ZipFile(io.BytesIO(data)).namelist()
+    assert {"job/job.yaml", "job/trainer/__main__.py", "job/facts/ray.py"} <= set(names)
+    config = yaml.safe_load(zipfile.ZipFile(io.BytesIO(data)).read("job/job.yaml"))
+    assert config["storage_path"] == f"s3://{BUCKET}/runs" and config["run_name"] == "e2e"
+    creates = [c for c in _calls(tmp_path / "kubectl.log") if "create" in c]
+    assert len(creates) == 1 and creates[0][:2] == ["--kubeconfig", creates[0][1]]
