@@ -46,4 +46,4 @@ def test_local_with_the_users_model_and_no_dataset_trains_on_the_demo_data_and_e
     info, init_model, rows = local._prepare(cfg, out)
     assert Path(init_model) == Path(demo_assets["model"]) and not (out / local.DEMO_MODEL).exists()
     assert local.uses_demo_data(cfg, out) and len(rows) > 0 and info["inputs"]
-    assert 0.0 <= local._evaluate(init_model, rows[:4]) <= 1.0
+    assert 0.0 <= local._evaluate(init_model, rows[:1]) <= 1.0  # loads the user's model, as step 2 does
