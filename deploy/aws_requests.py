@@ -144,7 +144,8 @@ MAPPINGS: dict[str, Callable[[dict, str, dict], Any]] = {
     "aws:eks/cluster:Cluster": _cluster,
     "aws:eks/addon:Addon": lambda i, n, t: [("eks", "CreateAddon", {
         "clusterName": i["clusterName"], "addonName": i["addonName"],
-        "resolveConflicts": i["resolveConflictsOnCreate"], "tags": t})],
+        "resolveConflicts": i["resolveConflictsOnCreate"], "tags": t,
+        **({"serviceAccountRoleArn": i["serviceAccountRoleArn"]} if i.get("serviceAccountRoleArn") else {})})],
     "aws:eks/nodeGroup:NodeGroup": _node_group,
     "aws:eks/accessEntry:AccessEntry": lambda i, n, t: [("eks", "CreateAccessEntry", {
         "clusterName": i["clusterName"], "principalArn": i["principalArn"], "type": i["type"], "tags": t})],

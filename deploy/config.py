@@ -42,6 +42,7 @@ DEFAULT_DLC_IMAGE = images.EXAMPLE
 MIN_RAY_VERSION = (2, 52, 0)
 MIN_KUBERAY_VERSION = (1, 5, 1)  # RayCluster spec.authOptions; older CRDs drop the field and leave Ray unauthenticated
 NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
+MONITORING = ("none", "cloudwatch")  # the `monitoring` key; prometheus (kube-prometheus-stack, DCGM exporter) is not built yet
 # Cluster Autoscaler image per Kubernetes minor: CA is built and tested against one minor, and
 # the chart's default image lags (chart 9.59.0, the newest confirmed, still ships v1.35.0).
 # Newest patch releases as of 2026-07-23 (github.com/kubernetes/autoscaler/releases).
@@ -523,6 +524,10 @@ class StackConfig:
         "NCCL_DEBUG on the GPU workers for NCCL processes started by other means: VERSION, WARN, INFO or TRACE. "
         "GPU jobs of `trainer submit` always run INFO into per-rank files (the EFA proof reads them); lowering "
         "it there needs `--no-require-efa`")
+    monitoring: str = stack_key(
+        "monitoring", "none", _one_of(MONITORING),
+        "`none` or `cloudwatch`: the amazon-cloudwatch-observability EKS add-on (Container Insights with NVIDIA GPU "
+        "and EFA metrics; its IAM role through IRSA; CloudWatch bills per metric and GB, see docs/operations.md)")
     ray_namespace: str = stack_key(
         "rayNamespace", ray_facts.DEFAULT_NAMESPACE, _matching(_DNS_LABEL, "a Kubernetes namespace name"),
         "namespace of the RayCluster")

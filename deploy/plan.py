@@ -22,7 +22,7 @@ from deploy.config import ConfigError
 from deploy.stack_file import StackFileError
 from facts import errors
 from facts import outputs as names
-from infra.cost import USAGE_BASED, cost_warnings, parts
+from infra.cost import MONITORING_USAGE, USAGE_BASED, cost_warnings, parts
 from infra.node_pools import NodePool
 from workloads.charts import SCALE_DOWN_UNNEEDED_MINUTES
 from workloads.image import is_placeholder
@@ -50,7 +50,8 @@ KEY_SETTINGS = {
     "pulumi-python:dynamic/raytrain:PinnedImage": ("image",),
 }
 K8S_OBJECT_FIELDS = ("apiVersion", "kind", "metadata", "spec", "data", "stringData", "type", "rules", "subjects",
-                     "roleRef", "automountServiceAccountToken")
+                     "roleRef", "automountServiceAccountToken", "value", "globalDefault", "preemptionPolicy",
+                     "description")
 
 
 def stack_path(stack: str, root: Path | None = None) -> Path:
@@ -125,12 +126,14 @@ def idle_gpu_hint(pools: Sequence[NodePool]) -> str | None:
     return f"  {whose} bill while idle too{why}: {fix}."
 
 
-def render_cost(cost: dict[str, Any], *, idle_minutes: int | None = None, pools: Sequence[NodePool] = ()) -> str:
+def render_cost(cost: dict[str, Any], *, idle_minutes: int | None = None, pools: Sequence[NodePool] = (),
+                monitoring: str = "none") -> str:
     """The parts and the total; with scale-to-zero also the idle price and how soon idle GPUs stop billing;
     for the GPU pools that keep their nodes, how to stop that (idle_gpu_hint)."""
     lines = [f"Estimated cost per hour (us-east-1 list prices; GPU nodes: {cost.get('pricing', 'On-Demand list price')}):"]
     lines += [f"  {name:<17} ${cost[name]:>8.2f}" for name in parts(cost)]
-    usage = "  Not included, billed by use: " + "; ".join(USAGE_BASED) + "."
+    billed = [*USAGE_BASED, *([MONITORING_USAGE[monitoring]] if monitoring in MONITORING_USAGE else [])]
+    usage = "  Not included, billed by use: " + "; ".join(billed) + "."
     hint = idle_gpu_hint(pools)
     if cost.get("mode") != "scale-to-zero":
         lines.append(f"  {'total':<17} ${cost['total']:>8.2f}  (~${cost['total'] * 24:,.0f}/day while up)")
@@ -255,7 +258,7 @@ def plan(argv: list[str]) -> int:
     print(render_table(result))
     print()
     print(render_cost(result.outputs[names.ESTIMATED_COST_PER_HOUR], idle_minutes=ray_idle_minutes(result),
-                      pools=cfg.node_pools))
+                      pools=cfg.node_pools, monitoring=cfg.monitoring))
     warnings = [*(f"placeholder: {p} (`pulumi preview` refuses it)" for p in cfg.placeholders),
                 *cost_warnings(cfg.node_pools, cfg.cost_warning_per_day)]
     for pool in (p for p in cfg.node_pools if p.capacity_reservation_id):

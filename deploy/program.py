@@ -13,13 +13,14 @@ from infra import aws_provider, aws_rules, iam, legacy, preflight
 from infra.cluster import EksCluster
 from infra.cost import cost_warnings, hourly_cost
 from infra.irsa import IrsaRole
+from infra.monitoring import CloudWatchObservability
 from infra.network import Network
 from infra.node_group import EfaFabric, NodeGroup
 from infra.node_pools import NodePool
 from infra.storage import CheckpointStore
 from workloads import image as dlc_image
 from workloads.settings import WorkerGroup, Workloads
-from workloads.stack import RayWorkloads
+from workloads.stack import RayWorkloads, prioritized_manifest
 
 
 def workloads(cfg: StackConfig) -> Workloads:
@@ -129,6 +130,10 @@ def main(*, offline: bool = False) -> dict[str, pulumi.Output]:
                            tags=tags, opts=pulumi.ResourceOptions.merge(
                                with_provider, legacy.renamed(legacy.CLUSTER_AUTOSCALER_ROLE)))
                   if cfg.scale_to_zero else None)
+    if cfg.monitoring == "cloudwatch":
+        CloudWatchObservability("cloudwatch", cluster_name=eks.cluster.name, oidc_provider_arn=eks.oidc_provider.arn,
+                                oidc_issuer_url=eks.oidc_issuer, tags=tags,
+                                depends_on=[*groups.values(), *late_addons], opts=with_provider)
     RayWorkloads("ray", workloads(cfg), image=image, kubeconfig=eks.kubeconfig, irsa_role_arn=ray_role.role.arn,
                  checkpoint_uri=store.uri, cluster_dependencies=[*fabrics.values(), *groups.values(), *late_addons],
                  autoscaler_role_arn=autoscaler.role.arn if autoscaler else None,
@@ -152,6 +157,8 @@ def main(*, offline: bool = False) -> dict[str, pulumi.Output]:
             f"{ray_facts.DASHBOARD_PORT}:{ray_facts.DASHBOARD_PORT}"),
         names.ESTIMATED_COST_PER_HOUR: pulumi.Output.from_input(hourly_cost(cfg.node_pools)),
         names.DLC_IMAGE: image,
+        names.RAY_JOB_CLUSTER_SPEC: pulumi.Output.all(image, store.uri).apply(
+            lambda a: prioritized_manifest(workloads(cfg), image=a[0], checkpoint_uri=a[1])["spec"]),
     }
     if gpu:
         outputs[names.GPU_NODE_TYPE] = pulumi.Output.from_input(gpu.instance_type)

@@ -22,6 +22,8 @@ POOL_RAY_LABELS = "rayLabels"  # the Ray node labels of its worker group: what `
 DASHBOARD_PORT_FORWARD = "dashboardPortForward"
 ESTIMATED_COST_PER_HOUR = "estimatedCostPerHour"
 DLC_IMAGE = "dlcImage"
+# The rayClusterSpec of a RayJob's own cluster (`trainer submit --rayjob`): the RayCluster's spec, same code.
+RAY_JOB_CLUSTER_SPEC = "rayJobClusterSpec"
 CLUSTER_AUTOSCALER_ROLE_ARN = "clusterAutoscalerRoleArn"  # only when a node pool scales to zero
 
 SECRET = (KUBECONFIG,)

@@ -21,6 +21,11 @@ TMP_DIR = "/tmp/ray"  # session logs; a volume of its own on every Ray pod
 NCCL_LOG_DIR = f"{TMP_DIR}/nccl"
 # Set on the head: the jobs' default storage (the stack's checkpoint bucket).
 CHECKPOINT_ENV = "CHECKPOINT_URI"
+# Set by `trainer submit --address` when neither the flags nor a stack name the storage: the job's run
+# folder on a single-node cluster whose head has no CHECKPOINT_URI (`~` is the head's user's home; Ray
+# Train takes only absolute paths or URIs). A cluster of several nodes needs --storage-path s3://...
+NODE_RUNS_ENV = "TRAINER_NODE_RUNS"
+NODE_RUNS_DIR = "~/trainer-runs"
 
 
 def head_service(cluster: str = CLUSTER_NAME) -> str:

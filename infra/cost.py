@@ -25,6 +25,14 @@ USAGE_BASED = (
 )
 
 
+# The `monitoring` key's options that bill by use (AWS's CloudWatch pricing: Container Insights with enhanced
+# observability is charged per observation, its logs per GB ingested); `none` adds nothing.
+MONITORING_USAGE = {
+    "cloudwatch": "CloudWatch Container Insights (monitoring: cloudwatch) per observation, and its logs "
+                  f"${catalog.LOG_INGESTION_PER_GB:.2f}/GB ingested",
+}
+
+
 def _volume_per_hour(gib: int) -> float:
     return gib * catalog.GP3_PER_GB_MONTH / catalog.HOURS_PER_MONTH
 

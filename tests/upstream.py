@@ -51,6 +51,10 @@ ARTIFACTS = {a.name: a for a in (
              "https://raw.githubusercontent.com/ray-project/kuberay/v1.7.0/ray-operator/config/crd/bases/"
              "ray.io_rayclusters.yaml",
              "c44704442eef0c6721ad40c1d66782c8bd3fdab9d3344306a5820910a679baa1"),
+    Artifact("ray.io_rayjobs.yaml", "kuberay/ray.io_rayjobs.yaml",
+             "https://raw.githubusercontent.com/ray-project/kuberay/v1.7.0/ray-operator/config/crd/bases/"
+             "ray.io_rayjobs.yaml",
+             "01a5cf3b17c1769fda44af7e82debcd98722f0c27b9ab84d084681c6649121f5"),
     Artifact("kuberay-operator-1.7.0.tgz", "charts/kuberay-operator-1.7.0.tgz", None, None,
              "kuberay-operator", "1.7.0", "https://ray-project.github.io/kuberay-helm/"),
     Artifact("nvidia-device-plugin-0.20.0.tgz", "charts/nvidia-device-plugin-0.20.0.tgz", None,

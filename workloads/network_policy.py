@@ -52,5 +52,35 @@ def ray_cluster_ingress(settings: Workloads) -> dict:
     }
 
 
+# KubeRay v1.7.0 labels every pod of a cluster it creates for a RayJob with the RayJob's kind and name
+# (utils.RayOriginatedFromCRDLabelKey / RayOriginatedFromCRNameLabelKey, common/pod.go); its cluster's own
+# name is generated, so the RayCluster's policy above never matches them.
+ORIGINATED_FROM_CRD_LABEL = "ray.io/originated-from-crd"
+RAY_JOB_CRD = "RayJob"
+
+
+def rayjob_clusters_ingress(settings: Workloads) -> dict:
+    """The clusters of `trainer submit --rayjob`: the same two rules, for every pod a RayJob's cluster has.
+
+    Pods of two RayJobs of this namespace can reach each other (a NetworkPolicy cannot say "the same
+    generated cluster"); both are this stack's jobs, behind the same token-free-from-outside namespace.
+    The operator submits the job over the dashboard port (submissionMode HTTPMode)."""
+    job_pods = {"matchLabels": {ORIGINATED_FROM_CRD_LABEL: RAY_JOB_CRD}}
+    return {
+        "apiVersion": API_VERSION, "kind": KIND,
+        "metadata": {"name": "rayjob-clusters-ray-ingress", "namespace": settings.namespace,
+                     "labels": {"app.kubernetes.io/part-of": settings.project}},
+        "spec": {
+            "podSelector": job_pods,
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [{"podSelector": job_pods}]},
+                {"from": [{"namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: charts.OPERATOR_NAMESPACE}}}],
+                 "ports": [{"protocol": "TCP", "port": DASHBOARD_PORT}]},
+            ],
+        },
+    }
+
+
 def policies(settings: Workloads) -> list[dict]:
-    return [default_deny_ingress(settings), ray_cluster_ingress(settings)]
+    return [default_deny_ingress(settings), ray_cluster_ingress(settings), rayjob_clusters_ingress(settings)]

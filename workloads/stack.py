@@ -18,7 +18,7 @@ from typing import Sequence
 import pulumi
 import pulumi_kubernetes as k8s
 
-from workloads import charts, network_policy, raycluster
+from workloads import charts, disruption, network_policy, raycluster
 from workloads import image as dlc_image
 from workloads.settings import Workloads
 
@@ -106,10 +106,19 @@ class RayWorkloads(pulumi.ComponentResource):
             for policy in network_policy.policies(settings)
         ]
 
+        self.priority_class = k8s.scheduling.v1.PriorityClass(
+            f"{name}-priority-class", **_fields(disruption.priority_class(settings)), opts=in_cluster())
+        self.disruption_budgets = [
+            k8s.policy.v1.PodDisruptionBudget(
+                f"{name}-pdb-{pdb['metadata']['name']}", metadata=pdb["metadata"], spec=pdb["spec"],
+                opts=in_cluster(self.namespace))
+            for pdb in disruption.budgets(settings)
+        ]
+
         manifest = pulumi.Output.all(image, checkpoint_uri).apply(
-            lambda a: raycluster.manifest(settings, image=a[0], checkpoint_uri=a[1]))
+            lambda a: prioritized_manifest(settings, image=a[0], checkpoint_uri=a[1]))
         cluster_opts = in_cluster(self.namespace, self.service_account, *self.network_policies,
-                                  *self.releases.values())
+                                  *self.releases.values(), self.priority_class, *self.disruption_budgets)
         self.ray_cluster = k8s.apiextensions.CustomResource(
             f"{name}-raycluster",
             api_version=raycluster.API_VERSION,
@@ -118,3 +127,16 @@ class RayWorkloads(pulumi.ComponentResource):
             spec=manifest.apply(lambda m: m["spec"]),
             opts=cluster_opts)
         self.register_outputs({})
+
+
+def _fields(obj: dict) -> dict:
+    """A PriorityClass's fields as the resource's keyword arguments."""
+    return {"metadata": obj["metadata"], "value": obj["value"], "global_default": obj["globalDefault"],
+            "preemption_policy": obj["preemptionPolicy"], "description": obj["description"]}
+
+
+def prioritized_manifest(settings: Workloads, *, image: str, checkpoint_uri: str) -> dict:
+    """The RayCluster whose pods carry the PriorityClass (workloads.disruption); the digest covers it too."""
+    spec = disruption.prioritized(raycluster.spec(settings, image=image, checkpoint_uri=checkpoint_uri))
+    return {"apiVersion": raycluster.API_VERSION, "kind": raycluster.KIND,
+            "metadata": raycluster.metadata(settings, spec), "spec": spec}

@@ -282,7 +282,7 @@ def test_load_sets_every_field_from_its_own_key():
              "ncclDebug": "WARN", "rayNamespace": "train", "checkpointBucket": "my-ckpt-bucket",
              "noncurrentVersionExpirationDays": 7, "controlPlaneLogRetentionDays": 60, "costWarningPerDay": 50,
              "gpuIdleTimeoutMinutes": 20, "clusterAutoscalerVersion": "9.58.0", "clusterAutoscalerImageTag": "v1.35.1",
-             "retainCheckpointsOnDestroy": False, "tags": {"team": "ml"}, "scaleToZero": True}
+             "retainCheckpointsOnDestroy": False, "tags": {"team": "ml"}, "scaleToZero": True, "monitoring": "cloudwatch"}
     assert set(config.key_fields()) - set(given) == {"apiAccessCidrs"}  # GOOD sets it; a new key needs a value here
     cfg = load({**GOOD, **{f"raytrain-eks:{k}": v for k, v in given.items()}}, stack="dev")
     for key, name in nonempty(config.key_fields().items(), "stack keys that set a field"):

@@ -31,6 +31,7 @@ VARIANTS = {
     "capacity-block": ("dev", {"gpuNodeType": "p5.48xlarge", "capacityType": "CAPACITY_BLOCK",
                                "capacityReservationId": CR}),
     "scale-to-zero": ("dev", {"scaleToZero": True, "adminRoleArns": ["arn:aws:iam::123456789012:role/Admin"]}),
+    "cloudwatch": ("dev", {"monitoring": "cloudwatch"}),
     "underscore-stack": ("team_ml", {}),
     "long-stack": ("s" * 87, {}),
     "dotted-stack-named-cluster": ("team.ml", {"clusterName": "team-ml"}),

@@ -16,6 +16,7 @@ from infra import autoscaling, iam, node_pools
 from infra.cost import hourly_cost, parts
 from tests.guards import nonempty
 from workloads import charts, raycluster
+from workloads.stack import prioritized_manifest
 
 from .conftest import BASE
 
@@ -333,8 +334,9 @@ def test_raycluster_is_the_pure_manifest_and_autoscaled(runs, stack):
     out = runs[stack].result.outputs
     inputs = as_ints(runs[stack].result.one(RAYCLUSTER).inputs)
     cfg = config(stack, scaleToZero=True)
-    assert inputs == raycluster.manifest(program.workloads(cfg), image=out["dlcImage"],
-                                         checkpoint_uri=out["checkpointBucketUri"])
+    assert inputs == prioritized_manifest(program.workloads(cfg), image=out["dlcImage"],
+                                          checkpoint_uri=out["checkpointBucketUri"])
+    assert out["rayJobClusterSpec"] == inputs["spec"]  # a RayJob's own cluster: the same autoscaled spec
     spec = inputs["spec"]
     assert spec["enableInTreeAutoscaling"] is True
     assert spec["autoscalerOptions"]["idleTimeoutSeconds"] == 600
@@ -420,6 +422,6 @@ def test_scale_to_zero_changes_only_the_gpu_node_group_and_the_raycluster(fixed_
     assert changed == {(NODE_GROUP, "gpu-ng"), (RAYCLUSTER, "ray-raycluster")}
     assert set(runs["dev"].result.outputs) - set(fixed_dev.result.outputs) == {"clusterAutoscalerRoleArn"}
     assert runs["dev"].result.outputs["nodePools"]["gpu"]["minSize"] == 0
-    same = {k for k in fixed_dev.result.outputs if k not in ("estimatedCostPerHour", "nodePools")}
+    same = {k for k in fixed_dev.result.outputs if k not in ("estimatedCostPerHour", "nodePools", "rayJobClusterSpec")}
     assert {k: fixed_dev.result.outputs[k] for k in same} == {k: runs["dev"].result.outputs[k] for k in same}
 

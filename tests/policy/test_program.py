@@ -139,3 +139,10 @@ def test_scale_to_zero_passes_and_is_capped_by_its_maximum_not_its_desired_size(
     (violation,) = only(evaluate(plan_stack("dev", scaleToZero=True, gpuNodeCount=5), pack_config("dev")),
                         "max-gpu-nodes")
     assert "can run 5 GPU nodes (gpu-ng: 5)" in violation.message
+
+
+def test_the_cloudwatch_monitoring_option_passes_every_policy():
+    """`monitoring: cloudwatch` adds an add-on and an IRSA role: nothing in it may trip the pack."""
+    plan = plan_stack("dev", monitoring="cloudwatch")
+    assert [r for r in plan.of_type("aws:eks/addon:Addon") if r.inputs["addonName"] == "amazon-cloudwatch-observability"]
+    assert evaluate(plan, pack_config("dev")) == {rule.name: [] for rule in rules.RULES}

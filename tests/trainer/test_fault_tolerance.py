@@ -125,19 +125,26 @@ def test_a_failed_job_resubmitted_under_its_run_name_resumes_past_a_torn_checkpo
     retries). `submit --no-wait` printed the command that follows it: run as printed, it streams the job to its
     end and exits 1 with the tail of the error. Its newest checkpoint is then torn, as an upload cut short
     leaves it. The same `submit` again resumes from the newest checkpoint that is still complete, never the
-    torn one that Ray's own record names, and ends with the weights of the uninterrupted run."""
+    torn one that Ray's own record names, and ends with the weights of the uninterrupted run.
+
+    Both submissions name no --storage-path, as a user of a plain `ray start` cluster would: the run folder is
+    the head's ~/trainer-runs/NAME (an absolute path Ray Train accepts; HOME is the test's folder here)."""
     from ray.job_submission import JobStatus
 
     name = "resubmitted"
     fail_at = 2 * runs.EVERY + 2
-    cfg = runs.config(demo_assets, trainer_cache, str(tmp_path), name, max_failures=0, fail_at_step=fail_at)
-    run = tmp_path / name
-    submit = [sys.executable, "-m", "trainer", "submit", "--address", ray_cluster.dashboard_url, *runs.cli_flags(cfg)]
+    cfg = runs.config(demo_assets, trainer_cache, "runs", name, max_failures=0, fail_at_step=fail_at)
+    home = tmp_path / "home"
+    run = home / "trainer-runs" / name
+    flags = runs.cli_flags(cfg)
+    assert "--storage-path" not in flags and "--out" not in flags
+    submit = [sys.executable, "-m", "trainer", "submit", "--address", ray_cluster.dashboard_url, *flags,
+              "--env", f"HOME={home}"]
     env = ray_cluster.client_env()
 
     first = subprocess.run(submit + ["--no-wait"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert first.returncode == 0, first.stdout + first.stderr
-    assert f"Submitted run {name}" in first.stdout
+    assert f"Submitted run {name}" in first.stdout and f"~/trainer-runs/{name} on the head" in first.stdout
     logs = re.search(r"Follow it with `([^`]+)`", first.stdout).group(1)
     assert logs.split()[-2:] == ["--address", ray_cluster.dashboard_url]
     followed = subprocess.run(shlex.split(logs), cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
@@ -166,6 +173,60 @@ def test_a_failed_job_resubmitted_under_its_run_name_resumes_past_a_torn_checkpo
     assert resumed[0]["step"] == runs.EVERY and resumed[0]["checkpoint"].endswith(previous), resumed[0]
     assert [e["event"] for e in resumed][-1] == "export"  # --fail-at-step fails a first attempt only
     assert ckpt.is_complete(Storage.from_uri(str(run)), ckpt.dir_name(runs.STEPS))
+    runs.assert_same_training(run, reference)
+
+
+def _wait_for(client, job_id: str, timeout: float = 600):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not (status := client.get_job_status(job_id)).is_terminal():
+        assert time.monotonic() < deadline, f"{job_id} still {status} after {timeout:.0f} s"
+        time.sleep(1.0)
+    return status
+
+
+def test_each_rayjob_attempt_resumes_the_run_from_its_last_complete_checkpoint(
+        ray_cluster, reference, demo_assets, trainer_cache, tmp_path):
+    """KubeRay retries a RayJob (backoffLimit) by submitting its entrypoint and runtimeEnvYAML again, over the
+    Jobs API (HTTPMode), under a new job id, on a new cluster. Both attempts run here as the operator submits
+    them, from the manifest `submit --rayjob` builds; the package comes from a file:// URI, which Ray fetches
+    and unpacks as it does s3:// (one top-level folder removed). The first attempt fails after a checkpoint;
+    the second resumes from it and ends with the uninterrupted run's weights. A Ray run is needed because the
+    attempt is Ray's to run: the zip working_dir, the entrypoint and job.yaml as the cluster sees them."""
+    import tempfile
+
+    import yaml
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    from trainer.submit import rayjob
+    from trainer.submit.job import runtime_env, stage_job, train_entrypoint
+
+    name = "rayjob-attempts"
+    cfg = runs.config(demo_assets, trainer_cache, str(tmp_path / "runs"), name, max_failures=0,
+                      fail_at_step=runs.EVERY + 2)
+    with tempfile.TemporaryDirectory() as folder:
+        data, digest = rayjob.package(stage_job(Path(folder), cfg))
+    uri = rayjob.package_uri(f"file://{tmp_path / 'bucket'}", digest)
+    Path(uri.removeprefix("file://")).parent.mkdir(parents=True)
+    Path(uri.removeprefix("file://")).write_bytes(data)
+    job = rayjob.manifest(name=name, namespace="ray", entrypoint=train_entrypoint(),
+                          runtime_env=runtime_env(uri, [], {}), caps=rayjob.Caps(retries=1),
+                          cluster_spec={"headGroupSpec": {}})
+    client = JobSubmissionClient(ray_cluster.dashboard_url)
+    spec = job["spec"]
+    for attempt in (1, 2):  # what KubeRay's dashboard client sends (spec.entrypoint, the parsed runtimeEnvYAML)
+        job_id = client.submit_job(entrypoint=spec["entrypoint"], runtime_env=yaml.safe_load(spec["runtimeEnvYAML"]),
+                                   submission_id=f"{name}-attempt-{attempt}",
+                                   entrypoint_num_cpus=spec["entrypointNumCpus"])
+        status = _wait_for(client, job_id)
+        assert status == (JobStatus.FAILED if attempt == 1 else JobStatus.SUCCEEDED), client.get_job_logs(job_id)[-3000:]
+    run = tmp_path / "runs" / name
+    events = runs.events(run)
+    kinds = [e["event"] for e in events]
+    resume = events[kinds.index("resume")]
+    assert resume["step"] == runs.EVERY and resume["checkpoint"].endswith(ckpt.dir_name(runs.EVERY)), events
+    assert kinds[-1] == "export"
     runs.assert_same_training(run, reference)
 
 

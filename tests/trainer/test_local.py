@@ -35,3 +35,15 @@ def test_local_takes_the_training_flags_and_config_of_train_and_submit(tmp_path)
     assert _config(["--workers", "4", "--global-batch-size", "8"], tmp_path / "r").num_workers == 4  # old name
     assert trainer(["local", "--device", "gpu", "--out", str(tmp_path / "gpu")]) == 2
     assert not (tmp_path / "gpu").exists()
+
+
+def test_local_with_the_users_model_and_no_dataset_trains_on_the_demo_data_and_evaluates_that_model(
+        demo_assets, trainer_cache, tmp_path):
+    """`trainer local --model FOLDER`: the held-out evaluation before training reads the user's model (the
+    demo's init-model is never written then)."""
+    out = tmp_path / "run"
+    cfg = _config(["--model", str(demo_assets["model"]), "--steps", "2", "--cache-dir", str(trainer_cache)], out)
+    info, init_model, rows = local._prepare(cfg, out)
+    assert Path(init_model) == Path(demo_assets["model"]) and not (out / local.DEMO_MODEL).exists()
+    assert local.uses_demo_data(cfg, out) and len(rows) > 0 and info["inputs"]
+    assert 0.0 <= local._evaluate(init_model, rows[:1]) <= 1.0  # loads the user's model, as step 2 does

@@ -7,6 +7,7 @@ end, token discovery from the RayCluster's Secret included.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.trainer.test_s3_storage import BUCKET, KEY, REGION, SECRET, s3  # noqa: F401 - s3: moto's server
 from trainer.loop.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,6 +72,54 @@ def test_the_job_stores_where_the_raycluster_head_says():
     _, _, head = head_of(build())
     assert launch.storage_default(env_of(head)) == {"storage_path": CHECKPOINTS}
     assert launch.storage_default({}) is None
+
+
+def test_a_job_sent_without_storage_to_a_plain_cluster_stores_in_an_absolute_folder_on_the_head(tmp_path):
+    """`submit --address` without storage sets facts.ray.NODE_RUNS_ENV; the job expands it on the head (Ray Train
+    refuses relative paths: "URI has empty scheme"); the head's CHECKPOINT_URI still wins over it."""
+    from facts import ray as ray_facts
+    from trainer.jobs import launch
+
+    on_node = {ray_facts.NODE_RUNS_ENV: ray_facts.NODE_RUNS_DIR, "HOME": str(tmp_path)}
+    old_home = os.environ.get("HOME")
+    os.environ["HOME"] = str(tmp_path)  # expanduser reads the process's HOME, as the job's driver does
+    try:
+        assert launch.storage_default(on_node) == {"storage_path": str(tmp_path / "trainer-runs")}
+    finally:
+        os.environ["HOME"] = old_home
+    assert launch.storage_default({**on_node, "CHECKPOINT_URI": "s3://b/runs"}) == {"storage_path": "s3://b/runs"}
+
+
+def test_a_relative_storage_path_becomes_absolute_and_uris_stay_as_they_are(tmp_path, monkeypatch):
+    from trainer.config.flags import TrainConfig
+    from trainer.config.load import absolute_storage
+
+    monkeypatch.chdir(tmp_path)
+    cfg = TrainConfig(model="m", dataset="d.jsonl")
+    assert cfg.storage_path == "runs"
+    assert absolute_storage(cfg).storage_path == str(tmp_path / "runs")
+    assert absolute_storage(cfg).run_uri == str(tmp_path / "runs" / cfg.resolved_run_name)
+    for kept in ("s3://b/runs", "file:///x/runs", str(tmp_path / "abs")):
+        same = TrainConfig(model="m", dataset="d.jsonl", storage_path=kept)
+        assert absolute_storage(same) is same
+
+
+def test_a_folder_on_the_head_is_refused_for_a_cluster_of_several_nodes():
+    from trainer.jobs.cluster import shared_storage_problem
+
+    assert shared_storage_problem(1, False, "/home/ray/trainer-runs/x") is None
+    for nodes, grows, why in ((3, False, "it has 3 nodes"), (1, True, "its autoscaler can add nodes")):
+        problem = shared_storage_problem(nodes, grows, "/home/ray/trainer-runs/x")
+        assert why in problem and "--storage-path s3://" in problem and "/home/ray/trainer-runs/x" in problem
+
+
+def test_the_session_cluster_is_one_node_so_submit_accepts_no_storage(ray_cluster):
+    """The check `submit --address` makes before submitting, against the real State API of a `ray start` cluster."""
+    from ray.job_submission import JobSubmissionClient
+
+    from trainer.submit.cli import check_nodes_share_storage
+
+    check_nodes_share_storage(JobSubmissionClient(ray_cluster.dashboard_url), "~/trainer-runs")  # raises if not
 
 
 def test_a_submitted_job_streams_its_logs_and_succeeds(succeeded):
@@ -198,6 +248,20 @@ if "port-forward" in args:
         upstream = socket.create_connection((host, int(port)))
         threading.Thread(target=pipe, args=(client, upstream), daemon=True).start()
         threading.Thread(target=pipe, args=(upstream, client), daemon=True).start()
+elif "rayjob" in args or "create" in args:  # RayJobs: one JSON file each in $FAKE_RAYJOBS, as the API server keeps them
+    jobs = os.environ["FAKE_RAYJOBS"]
+    if "create" in args:
+        body = json.load(open(args[args.index("-f") + 1]))
+        path = os.path.join(jobs, body["metadata"]["name"] + ".json")
+        if os.path.exists(path):
+            sys.exit("Error from server (AlreadyExists)")
+        json.dump(body, open(path, "w"))
+    else:
+        path = os.path.join(jobs, args[args.index("rayjob") + 1] + ".json")
+        if "get" in args and os.path.exists(path):
+            print(open(path).read())
+        elif "delete" in args and os.path.exists(path):
+            os.remove(path)
 elif args[-4:-2] == ["get", "raycluster"] or "raycluster" in args:
     print(json.dumps({{"spec": {{"authOptions": {{"mode": "token"}}}}}}))
 elif "secrets" in args:
@@ -238,7 +302,8 @@ def fake_tools(ray_cluster, tmp_path):
            "FAKE_KUBECTL_LOG": str(tmp_path / "kubectl.log"),
            "FAKE_KUBECTL_PIDFILE": str(tmp_path / "kubectl.pid"),
            "FAKE_PULUMI_LOG": str(tmp_path / "pulumi.log"),
-           "FAKE_PULUMI_OUTPUTS": str(outputs)}
+           "FAKE_PULUMI_OUTPUTS": str(outputs),
+           "FAKE_RAYJOBS": str(tmp_path)}
     return env, tmp_path
 
 
@@ -267,6 +332,63 @@ def test_port_forward_path_reads_the_token_from_the_raycluster_secret_and_closes
     assert any("secrets" in c for c in calls)
     time.sleep(0.5)
     assert not _alive(int((tmp / "kubectl.pid").read_text()))  # the port-forward is closed afterwards
+
+
+def test_status_logs_and_stop_of_a_rayjob_show_its_attempt_and_follow_its_current_ray_job(fake_tools, succeeded):
+    """A RayJob as KubeRay reports it after a failed first attempt and a second that succeeded on its cluster
+    (here the session's, through the fake port-forward): `status` shows the attempt, `logs` streams that
+    attempt's Ray job, `stop` deletes the RayJob through the Kubernetes API."""
+    env, tmp = fake_tools
+    (tmp / "submit-ok.json").write_text(json.dumps({
+        "apiVersion": "ray.io/v1", "kind": "RayJob", "metadata": {"name": "submit-ok", "namespace": "ray"},
+        "spec": {"entrypoint": "python -m trainer train", "backoffLimit": 2},
+        "status": {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED", "failed": 1, "succeeded": 1,
+                   "rayClusterName": "raytrain", "jobId": "submit-ok"}}))
+    status = cli("status", "submit-ok", "--rayjob", "--namespace", "ray", env=env, timeout=120)
+    assert status.returncode == 0, status.stderr
+    assert ("RayJob submit-ok: Complete, Ray job SUCCEEDED, attempt 2 of 3, 1 failed, cluster raytrain, "
+            "job id submit-ok") in status.stderr
+    logs = cli("logs", "submit-ok", "--rayjob", "--namespace", "ray", env=env, timeout=120)
+    assert logs.returncode == 0, logs.stderr[-2000:]
+    assert "done: run folder" in logs.stdout and "attempt 2 of 3" in logs.stderr
+    forward = next(c for c in _calls(tmp / "kubectl.log") if "port-forward" in c)
+    assert forward[3] == "svc/raytrain-head-svc"  # the head of the cluster the RayJob's status names
+    stop = cli("stop", "submit-ok", "--rayjob", "--namespace", "ray", env=env, timeout=120)
+    assert stop.returncode == 0 and "deleted" in stop.stdout, stop.stderr
+    assert ["-n", "ray", "delete", "rayjob", "submit-ok", "--ignore-not-found", "--wait=true"] in _calls(tmp / "kubectl.log")
+    gone = cli("status", "submit-ok", "--rayjob", "--namespace", "ray", env=env, timeout=120)
+    assert gone.returncode == 2 and "no RayJob named 'submit-ok'" in gone.stderr
+
+
+def test_a_rayjob_is_created_once_and_a_finished_one_is_replaced_while_a_running_one_is_refused(fake_tools):
+    """Creation through the Kubernetes API (kubectl create -f), the resubmission rule of plain jobs kept."""
+    from trainer.submit import rayjob
+    from trainer.submit.rayjob_commands import replace_finished
+    from trainer.submit.target import SubmitError, Target
+
+    env, tmp = fake_tools
+    target = Target(None, "ray", "raytrain-head-svc", "raytrain")
+    body = rayjob.manifest(name="again", namespace="ray", entrypoint="python -c pass", runtime_env={},
+                           caps=rayjob.Caps(retries=1), cluster_spec={"headGroupSpec": {}})
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        replace_finished(target, "again")  # none yet: nothing to do
+        rayjob.create(target, body)
+        assert json.loads((tmp / "again.json").read_text()) == body
+        running = {**body, "status": {"jobDeploymentStatus": "Running"}}
+        (tmp / "again.json").write_text(json.dumps(running))
+        with pytest.raises(SubmitError, match="RayJob again exists and is Running"):
+            replace_finished(target, "again")
+        (tmp / "again.json").write_text(json.dumps({**body, "status": {"jobDeploymentStatus": "Failed"}}))
+        replace_finished(target, "again")
+        assert not (tmp / "again.json").exists()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def test_stack_outputs_name_the_service_and_kubeconfig(fake_tools, succeeded):
@@ -412,3 +534,61 @@ def test_lowering_nccl_debug_needs_the_efa_check_off():
     cpu = config.parse(["--model", "m", "--dataset", "d.jsonl", "--device", "cpu"])
     assert submit.job_environment(cpu, None, {}) == {}
     assert "worker_process_setup_hook" not in submit.runtime_env(Path("."), [], {})
+
+
+def test_submit_rayjob_uploads_the_package_and_creates_the_rayjob_through_the_kubernetes_api(
+        s3, demo_assets, trainer_cache, tmp_path):  # noqa: F811 - the moto fixture imported above
+    """The whole `submit --stack dev --rayjob` path with only the APIs mocked: the stack's outputs from a fake
+    `pulumi` (the offline plan's, with the bucket on moto's S3), the Kubernetes API behind a fake `kubectl`,
+    S3 as moto's server (pyarrow reaches it through AWS_ENDPOINT_URL_S3). The pre-flight reads the model and
+    data from that bucket; the package lands under _packages/ by its sha256 and unpacks to what the job runs."""
+    import io
+    import zipfile
+
+    import boto3
+    import yaml
+
+    from deploy import offline
+    from tests.stacks import read_stack_file
+    from trainer.submit import rayjob
+
+    run = offline.run(read_stack_file("dev", REPO), stack="dev")  # what deploy.stack_outputs prints
+    offline_outputs = json.loads(json.dumps({k: offline.plain(v) for k, v in run.outputs.items()}, default=str))
+    env_s3 = {"AWS_ENDPOINT_URL_S3": f"http://{s3.endpoint}", "AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET,
+              "AWS_REGION": REGION, "AWS_DEFAULT_REGION": REGION, "AWS_EC2_METADATA_DISABLED": "true"}
+    client = boto3.client("s3", endpoint_url=f"http://{s3.endpoint}", aws_access_key_id=KEY, aws_secret_access_key=SECRET,
+                          region_name=REGION)
+    for path in Path(demo_assets["model"]).iterdir():
+        client.upload_file(str(path), BUCKET, f"models/tiny/{path.name}")
+    client.upload_file(str(demo_assets["train"]), BUCKET, "data/train.jsonl")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("kubectl", FAKE_KUBECTL), ("pulumi", FAKE_PULUMI)):
+        (bin_dir / name).write_text(textwrap.dedent(text).format(python=sys.executable))
+        (bin_dir / name).chmod(0o755)
+    outputs = {**offline_outputs, "checkpointBucketUri": f"s3://{BUCKET}/runs", "kubeconfig": '{"apiVersion": "v1"}'}
+    (tmp_path / "outputs.json").write_text(json.dumps(outputs))
+    env = {**os.environ, **env_s3, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+           "FAKE_KUBECTL_LOG": str(tmp_path / "kubectl.log"), "FAKE_PULUMI_LOG": str(tmp_path / "pulumi.log"),
+           "FAKE_PULUMI_OUTPUTS": str(tmp_path / "outputs.json"), "FAKE_RAYJOBS": str(tmp_path),
+           "TRAINER_CACHE": str(trainer_cache)}
+    proc = cli("submit", "--stack", "dev", "--rayjob", "--model", f"s3://{BUCKET}/models/tiny", "--dataset",
+               f"s3://{BUCKET}/data/train.jsonl", "--run-name", "e2e", "--max-hours", "1", "--retries", "1",
+               "--seq-len", "128", "--global-batch-size", "8", env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "Created RayJob e2e in namespace ray" in proc.stdout and "status e2e --stack dev --rayjob" in proc.stdout
+    job = json.loads((tmp_path / "e2e.json").read_text())  # what the API server was given
+    spec = job["spec"]
+    assert (spec["backoffLimit"], spec["activeDeadlineSeconds"]) == (1, 3600)
+    assert spec["rayClusterSpec"] == offline_outputs["rayJobClusterSpec"]
+    working_dir = yaml.safe_load(spec["runtimeEnvYAML"])["working_dir"]
+    key = working_dir.removeprefix(f"s3://{BUCKET}/")
+    assert key.startswith(f"runs/{rayjob.PACKAGES}/") and key.endswith(".zip")
+    data = client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    assert key == f"runs/{rayjob.PACKAGES}/{hashlib.sha256(data).hexdigest()}.zip"
+    names = zipfile.ZipFile(io.BytesIO(data)).namelist()
+    assert {"job/job.yaml", "job/trainer/__main__.py", "job/facts/ray.py"} <= set(names)
+    config = yaml.safe_load(zipfile.ZipFile(io.BytesIO(data)).read("job/job.yaml"))
+    assert config["storage_path"] == f"s3://{BUCKET}/runs" and config["run_name"] == "e2e"
+    creates = [c for c in _calls(tmp_path / "kubectl.log") if "create" in c]
+    assert len(creates) == 1 and creates[0][:2] == ["--kubeconfig", creates[0][1]]

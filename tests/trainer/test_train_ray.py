@@ -3,9 +3,12 @@ failure + resume on the session's cluster, and the Hugging Face export."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -43,6 +46,28 @@ def _config(out: Path, workers: int):
     return local.demo_config(COMMON + ["--workers", str(workers)], out)
 
 
+# What `ray start --head` and `ray.init()` take unless told: GCS, dashboard, client server, dashboard agent.
+DEFAULT_PORTS = (6379, 8265, 10001, 52365)
+
+
+@contextlib.contextmanager
+def _listening(port: int):
+    """A listener on every interface at `port` while the block runs; nothing when something here holds it
+    already (then it is busy, which is the point)."""
+    sock = socket.socket()
+    try:
+        sock.bind(("0.0.0.0", port))
+        sock.listen()
+    except OSError:
+        sock.close()
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        sock.close()
+
+
 @pytest.fixture(scope="module")
 def demo_run(ray_cluster, trainer_cache, tmp_path_factory):
     """`python -m trainer local` with 2 workers: the reference run of this file.
@@ -50,14 +75,19 @@ def demo_run(ray_cluster, trainer_cache, tmp_path_factory):
     RAY_ADDRESS and the address file `ray start` leaves (RAY_TMPDIR/ray_current_cluster) both name the
     session's running cluster, as on a machine where one runs already: the demo must keep to a cluster
     of its own, Ray Train's placement-group cleaner included (asking the other cluster, it would find no
-    controller there and give up, or remove the run's group).
+    controller there and give up, or remove the run's group). Ray's default ports are held meanwhile, as
+    a `ray start` with its defaults (or another `trainer local`) holds them: the demo's cluster takes free ones.
     """
     out = tmp_path_factory.mktemp("runs") / "two-workers"
     ray_tmp = Path(tempfile.mkdtemp(prefix="rt-", dir="/tmp"))  # short: Ray's socket paths must fit
     (ray_tmp / "ray_current_cluster").write_text(ray_cluster.address)
     env = {**ray_cluster.client_env(), "RAY_ADDRESS": ray_cluster.address, "RAY_TMPDIR": str(ray_tmp)}
-    proc = subprocess.run([sys.executable, "-m", "trainer", "local", "--workers", "2", "--max-failures", "0",
-                           "--out", str(out)] + COMMON, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    with contextlib.ExitStack() as held:
+        for port in DEFAULT_PORTS:
+            held.enter_context(_listening(port))
+        proc = subprocess.run([sys.executable, "-m", "trainer", "local", "--workers", "2", "--max-failures", "0",
+                               "--out", str(out)] + COMMON, cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=600)
     shutil.rmtree(ray_tmp, ignore_errors=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return out, proc.stdout + proc.stderr  # worker logs (the progress bar) arrive on stderr
@@ -66,6 +96,9 @@ def demo_run(ray_cluster, trainer_cache, tmp_path_factory):
 def test_local_keeps_to_its_own_cluster_when_another_one_is_named_everywhere(demo_run):
     _, output = demo_run
     assert "training on a local Ray cluster of its own" in output
+    dashboard = re.search(r"training on a local Ray cluster of its own \(dashboard http://[^:]+:(\d+)\)", output)
+    assert dashboard and int(dashboard.group(1)) not in DEFAULT_PORTS, output[-3000:]  # held: a free one
+    assert "Failed to find a valid port" not in output and "address already in use" not in output
     assert "num_cpus and num_gpus must not be provided" not in output
     assert "Found multiple active Ray instances" not in output and "with cleaner" not in output, output[-3000:]
 

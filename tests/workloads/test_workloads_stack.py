@@ -13,7 +13,8 @@ from deploy import offline, plan
 from infra.cost import hourly_cost
 from tests.guards import nonempty
 from tests.stacks import read_stack_file
-from workloads import charts, image, raycluster
+from workloads import charts, disruption, image, raycluster
+from workloads.stack import prioritized_manifest
 
 from .conftest import run_stack, settings, stack_config
 
@@ -22,6 +23,8 @@ NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
 RAYCLUSTER = "kubernetes:ray.io/v1:RayCluster"
 RELEASE = "kubernetes:helm.sh/v3:Release"
 NETPOL = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
+PRIORITY_CLASS = "kubernetes:scheduling.k8s.io/v1:PriorityClass"
+PDB = "kubernetes:policy/v1:PodDisruptionBudget"
 DIGEST_IMAGE = "public.ecr.aws/deep-learning-containers/ray@sha256:" + "5e" * 32
 
 
@@ -73,7 +76,7 @@ def test_declares_every_kubernetes_object_through_one_provider(run):
     objects = kubernetes(run)
     assert sorted(r.type for r in objects) == sorted([
         "kubernetes:core/v1:Namespace", "kubernetes:core/v1:Namespace", "kubernetes:core/v1:ServiceAccount",
-        NETPOL, NETPOL, RELEASE, RELEASE, RELEASE, RAYCLUSTER])
+        NETPOL, NETPOL, NETPOL, RELEASE, RELEASE, RELEASE, RAYCLUSTER, PRIORITY_CLASS, PDB, PDB, PDB, PDB])
     for r in objects:
         (reg,) = [g for g in run.registrations.values() if g.type == r.type and g.name == r.name]
         assert reg.provider.startswith(provider_urn + "::"), r.name
@@ -97,7 +100,9 @@ def test_raycluster_is_the_pure_manifest_and_valid(run, raycluster_schema, stric
     cfg = settings(outputs["clusterName"].rsplit("-", 1)[-1])
     inputs = offline.plain(run.result.one(RAYCLUSTER).inputs)
     assert set(inputs) == {"apiVersion", "kind", "metadata", "spec"}
-    assert inputs == raycluster.manifest(cfg, image=outputs["dlcImage"], checkpoint_uri=outputs["checkpointBucketUri"])
+    assert inputs == prioritized_manifest(cfg, image=outputs["dlcImage"], checkpoint_uri=outputs["checkpointBucketUri"])
+    plain = raycluster.manifest(cfg, image=outputs["dlcImage"], checkpoint_uri=outputs["checkpointBucketUri"])
+    assert inputs["spec"] == disruption.prioritized(plain["spec"]) and inputs["metadata"] == plain["metadata"]
     raycluster_schema.validate(inputs)
     strict_raycluster_schema.validate(inputs)
 
@@ -244,12 +249,17 @@ def test_the_plan_writes_the_raycluster_and_the_releases(tmp_path, raycluster_sc
     assert {"kubernetes/raycluster-raytrain.yaml", "kubernetes/serviceaccount-ray-train.yaml",
             "kubernetes/namespace-ray.yaml", f"kubernetes/namespace-{charts.OPERATOR_NAMESPACE}.yaml",
             "kubernetes/networkpolicy-default-deny-ingress.yaml", "kubernetes/networkpolicy-raytrain-ray-ingress.yaml",
+            "kubernetes/networkpolicy-rayjob-clusters-ray-ingress.yaml", "kubernetes/priorityclass-raytrain-ray.yaml",
+            *(f"kubernetes/poddisruptionbudget-{n}.yaml" for n in ("raytrain-head", "raytrain-worker",
+                                                                  "rayjob-clusters-head", "rayjob-clusters-worker")),
             "helm/release-nvidia-device-plugin.yaml", "helm/release-aws-efa-k8s-device-plugin.yaml",
             "helm/release-kuberay-operator.yaml"} == written
     cluster = yaml.safe_load((tmp_path / "kubernetes/raycluster-raytrain.yaml").read_text())
     raycluster_schema.validate(cluster)
     limits = cluster["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resources"]["limits"]
     assert limits["vpc.amazonaws.com/efa"] == "32"
+    priority = yaml.safe_load((tmp_path / "kubernetes/priorityclass-raytrain-ray.yaml").read_text())
+    assert (priority["kind"], priority["value"], priority["globalDefault"]) == ("PriorityClass", 1_000_000, False)
     operator = yaml.safe_load((tmp_path / "helm/release-kuberay-operator.yaml").read_text())
     assert (operator["chart"], operator["version"], operator["repository"]) == (
         "kuberay-operator", "1.7.0", charts.KUBERAY_REPOSITORY)
@@ -261,7 +271,7 @@ def test_the_plan_writes_the_raycluster_and_the_releases(tmp_path, raycluster_sc
 def test_the_ray_namespace_denies_ingress_but_between_ray_pods(run):
     cfg = stack_config(run.result.outputs["clusterName"].rsplit("-", 1)[-1])
     policies = {r.inputs["metadata"]["name"]: r.inputs for r in run.result.of_type(NETPOL)}
-    assert set(policies) == {"default-deny-ingress", "raytrain-ray-ingress"}
+    assert set(policies) == {"default-deny-ingress", "raytrain-ray-ingress", "rayjob-clusters-ray-ingress"}
     deny = policies["default-deny-ingress"]
     assert deny["metadata"]["namespace"] == cfg.ray_namespace
     assert deny["spec"] == {"podSelector": {}, "policyTypes": ["Ingress"]}
@@ -273,6 +283,10 @@ def test_the_ray_namespace_denies_ingress_but_between_ray_pods(run):
     assert operator["from"] == [{"namespaceSelector": {"matchLabels": {
         "kubernetes.io/metadata.name": charts.OPERATOR_NAMESPACE}}}]
     assert operator["ports"] == [{"protocol": "TCP", "port": 8265}]
+    # a RayJob's own cluster has a generated name; KubeRay v1.7.0 labels its pods ray.io/originated-from-crd=RayJob
+    jobs = policies["rayjob-clusters-ray-ingress"]["spec"]
+    assert jobs["podSelector"] == {"matchLabels": {"ray.io/originated-from-crd": "RayJob"}}
+    assert jobs["ingress"] == [{"from": [{"podSelector": jobs["podSelector"]}]}, operator]  # HTTPMode: the operator
     deps = run.registrations[run.urn(RAYCLUSTER, "ray-raycluster")].dependencies
     assert {run.urn(NETPOL, f"ray-netpol-{name}") for name in policies} <= deps  # in force before any Ray pod
 

@@ -255,3 +255,12 @@ def parse(argv: Sequence[str], defaults: Mapping[str, Any] | None = None, prog: 
     parser = argparse.ArgumentParser(prog=prog)
     add_arguments(parser, defaults)
     return from_args(parser.parse_args(list(argv)), defaults)
+
+
+def absolute_storage(cfg: TrainConfig) -> TrainConfig:
+    """A relative local --storage-path, made absolute here: Ray Train takes only absolute paths and URIs
+    (a relative `runs` fails inside its controller with pyarrow's "URI has empty scheme")."""
+    if "://" in cfg.storage_path:
+        return cfg
+    path = str(Path(cfg.storage_path).expanduser().absolute())
+    return cfg if path == cfg.storage_path else dataclasses.replace(cfg, storage_path=path)

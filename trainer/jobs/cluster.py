@@ -175,3 +175,79 @@ def check_capacity(num_workers: int, use_gpu: bool, pool: str | None = None) -> 
     if problem:
         raise ClusterError(problem if not pool or autoscaler_max else problem.replace(
             "the Ray cluster has", f"pool {pool} of the Ray cluster has", 1))
+
+
+def shared_storage_problem(alive_nodes: int, can_grow: bool, storage: str) -> str | None:
+    """Why a run folder on one node's disk cannot serve this cluster: other nodes (now or once the autoscaler
+    adds them) would write checkpoints the others never see; None on a single node that stays one."""
+    if alive_nodes <= 1 and not can_grow:
+        return None
+    why = f"it has {alive_nodes} nodes" if alive_nodes > 1 else "its autoscaler can add nodes"
+    return (f"no --storage-path was given and the run folder would be {storage} on the head's disk, but {why}, "
+            f"which cannot all reach that folder; pass --storage-path s3://BUCKET/PREFIX (storage every node "
+            f"reaches), or submit with --stack NAME to use the stack's bucket")
+
+
+def check_single_node(storage: str) -> None:
+    """shared_storage_problem for the connected cluster (ray.init first); ClusterError when there is one."""
+    import ray
+
+    try:
+        from ray._private.state import state
+
+        can_grow = bool(state.get_max_resources_from_cluster_config())
+    except Exception:  # noqa: BLE001 - a private API: without it, the nodes alive now decide
+        can_grow = False
+    problem = shared_storage_problem(sum(1 for n in ray.nodes() if n.get("Alive")), can_grow, storage)
+    if problem:
+        raise ClusterError(problem)
+
+
+CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")  # cgroup v2, v1
+
+
+def memory_limit_bytes(paths: tuple[str, ...] = CGROUP_LIMITS) -> int | None:
+    """This container's memory limit (the Ray head pod's, where a job's driver runs by default); None: none set."""
+    for path in paths:
+        try:
+            text = open(path).read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 1 << 60:  # cgroup v1 writes a huge number for "no limit"
+            return int(text)
+        return None
+    return None
+
+
+def dataset_bytes(uri: str) -> int | None:
+    """The size of a local or s3:// dataset file or folder; None for a hub id or what cannot be listed here."""
+    try:
+        import pyarrow.fs as pafs
+
+        fs, path = pafs.FileSystem.from_uri(uri if "://" in uri else os.path.abspath(os.path.expanduser(uri)))
+        info = fs.get_file_info(path)
+        if info.type == pafs.FileType.File:
+            return info.size
+        if info.type == pafs.FileType.Directory:
+            return sum(i.size for i in fs.get_file_info(pafs.FileSelector(path, recursive=True))
+                       if i.type == pafs.FileType.File)
+    except Exception:  # noqa: BLE001 - unknown here (a hub id, no credentials): the pre-flight reports real problems
+        return None
+    return None
+
+
+def driver_memory_problem(data_bytes: int | None, limit: int | None, dataset: str) -> str | None:
+    """Why the driver would be OOM-killed packing the dataset (on the head that kills GCS and the cluster)."""
+    from facts.resources import DATASET_BYTES_PER_TOKEN, driver_peak_bytes, tokens_that_fit
+
+    if not data_bytes or not limit:
+        return None
+    tokens = data_bytes / DATASET_BYTES_PER_TOKEN
+    need = driver_peak_bytes(tokens)
+    if need <= limit:
+        return None
+    return (f"--dataset {dataset}: the job's driver packs the whole dataset in memory before training, about "
+            f"{need / 2**30:.1f} GiB for its ~{tokens / 1e9:.2f}B tokens ({data_bytes / 1e9:.1f} GB of data), and "
+            f"its container has {limit / 2**30:.1f} GiB (about {tokens_that_fit(limit) / 1e9:.2f}B tokens fit); on "
+            f"the Ray head an OOM kill takes the whole cluster down. Submit with --rayjob (the driver runs on a "
+            f"worker's node), or use a larger systemNodeType, or a smaller dataset")

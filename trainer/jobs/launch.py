@@ -15,11 +15,19 @@ from typing import Any, Callable, Sequence
 from facts import ray as ray_facts
 from facts.errors import EXIT_FAILED, EXIT_OK, UserError, first_line
 from trainer.config.flags import ConfigError, TrainConfig, flag, is_inline_template, is_remote
-from trainer.config.load import add_arguments, from_args
+from trainer.config.load import absolute_storage, add_arguments, from_args
 from trainer.data.formats import Renderer
 from trainer.data.packing import DataError, DataSpec, check_records, load_records, prepare, tokenizer_fingerprint
 from trainer.data.packing import summary as data_summary
-from trainer.jobs.cluster import ClusterError, check_capacity, check_reachable
+from trainer.jobs.cluster import (
+    ClusterError,
+    check_capacity,
+    check_reachable,
+    check_single_node,
+    dataset_bytes,
+    driver_memory_problem,
+    memory_limit_bytes,
+)
 from trainer.jobs.failures import failure_summary, retryable, user_error
 from trainer.jobs.plan import run_refusal
 from trainer.loop.metrics import credential_problems, missing_backends
@@ -268,11 +276,16 @@ def _fit_with_retries(cfg: TrainConfig, run: Storage, storage_filesystem: Any, *
 
 
 def storage_default(environ=None) -> dict[str, str] | None:
-    """The default storage path on the cluster: CHECKPOINT_URI, which the RayCluster sets on its head (the stack's bucket)."""
+    """The default storage path on the cluster: CHECKPOINT_URI, which the RayCluster sets on its head (the stack's
+    bucket); else, for a job `submit --address` sent without storage, the head's own folder (facts.ray.NODE_RUNS_ENV)."""
     import os
 
-    uri = (os.environ if environ is None else environ).get(ray_facts.CHECKPOINT_ENV)
-    return {"storage_path": uri} if uri else None
+    env = os.environ if environ is None else environ
+    uri = env.get(ray_facts.CHECKPOINT_ENV)
+    if uri:
+        return {"storage_path": uri}
+    on_node = env.get(ray_facts.NODE_RUNS_ENV)
+    return {"storage_path": str(Path(on_node).expanduser().absolute())} if on_node else None
 
 
 def print_notes(info: dict) -> None:
@@ -301,16 +314,23 @@ def main(argv: Sequence[str]) -> int:
     add_arguments(parser)
     args = parser.parse_args(list(argv))
     address = args.__dict__.pop("address")
-    cfg = from_args(args, storage_default())
-    if not is_remote(cfg.storage_path) and cfg.num_workers > 1 and address not in ("auto", "local"):
+    default = storage_default()
+    cfg = absolute_storage(from_args(args, default))
+    on_node = bool(default) and not is_remote(default["storage_path"]) and cfg.storage_path == default["storage_path"]
+    if not is_remote(cfg.storage_path) and cfg.num_workers > 1 and address not in ("auto", "local") and not on_node:
         print(f"note: {flag('storage_path')} {cfg.storage_path} is local; multi-node runs need shared storage (s3://)",
               file=sys.stderr)
 
     check_reachable(address)  # seconds, before the pre-flight reads the data
     run_lock.check_free(Storage.from_uri(cfg.run_uri), cfg.resolved_run_name)
+    problem = driver_memory_problem(dataset_bytes(cfg.dataset), memory_limit_bytes(), cfg.dataset)
+    if problem:
+        raise ClusterError(problem)
     info = preflight(cfg)
     print_notes(info)
     connect(address)
+    if on_node:  # the head's own folder, chosen for a single-node cluster: it must still be one
+        check_single_node(cfg.storage_path)
     try:
         train(cfg, check=False, inputs=info["inputs"])
     except UserError:

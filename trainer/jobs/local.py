@@ -150,7 +150,7 @@ def own_cluster(num_cpus: int) -> Iterator:
             os.environ["RAY_ADDRESS"] = saved
 
 
-def _evaluate(path: Path, rows: list[dict]) -> float:
+def _evaluate(path: Path | str, rows: list[dict]) -> float:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(str(path))
@@ -224,7 +224,7 @@ def main(argv: Sequence[str]) -> int:
     return EXIT_OK
 
 
-def _prepare(cfg: TrainConfig, out: Path) -> tuple[dict, Path, list[dict]]:
+def _prepare(cfg: TrainConfig, out: Path) -> tuple[dict, Path | str, list[dict]]:
     """Step 1: the demo's model and data where the run uses them, then the pre-flight (the preflight's info,
     the model trained from, the held-out rows). A refused pre-flight removes a folder this step created."""
     demo_model, demo_data = cfg.model == str(out / DEMO_MODEL), uses_demo_data(cfg, out)
@@ -232,6 +232,8 @@ def _prepare(cfg: TrainConfig, out: Path) -> tuple[dict, Path, list[dict]]:
     print(f"[1/5] preparing {what or 'the run'} in {out}", flush=True)
     created = not out.exists()
     init_model, eval_rows = prepare_assets(out, cfg.seed, model=demo_model, data=demo_data)
+    if not demo_model:  # the user's own model (a folder or a hub id) is what the held-out set evaluates first
+        init_model = Path(cfg.model).expanduser() if Path(cfg.model).expanduser().exists() else cfg.model
     try:
         info = preflight(cfg)
     except UserError:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import sys
 import tempfile
 import time
 from dataclasses import replace as dataclass_replace
@@ -16,6 +15,8 @@ from facts.errors import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USAGE
 from trainer.config import load
 from trainer.config.flags import EXTRA_ARGUMENTS, FLAGS, ConfigError, flag
 from trainer.efa import nccl_bench
+from trainer.submit import rayjob_commands
+from trainer.submit.checks import check_capacity_of_pool, check_here
 from trainer.submit.connection import add_connection_arguments, command_hint, connect, connection_flags, parse_connection
 from trainer.submit.follow import follow, report_status
 from trainer.submit.job import (
@@ -28,7 +29,7 @@ from trainer.submit.job import (
     submit,
     submit_when_ready,
 )
-from trainer.submit.target import GpuPool, SubmitError, Target, catalog_row, choose_pool, stack_defaults, stack_target
+from trainer.submit.target import SubmitError, Target, catalog_row, choose_pool, stack_defaults, stack_target
 
 
 def status_main(argv: list[str]) -> int:
@@ -46,9 +47,13 @@ def stop_main(argv: list[str]) -> int:
 def manage(command: str, argv: list[str]) -> int:
     """`python -m trainer status|logs|stop RUN`."""
     parser = argparse.ArgumentParser(prog=f"python -m trainer {command}")
-    parser.add_argument("run", help="run name (the job's submission id)")
+    parser.add_argument("run", help="run name (the job's submission id; with --rayjob, the RayJob's name)")
     add_connection_arguments(parser)
+    parser.add_argument("--rayjob", action="store_true", help="the run is a RayJob (`submit --rayjob`): show its "
+                                                              "attempt, follow its current attempt, or delete it")
     args = parse_connection(parser, argv)
+    if args.rayjob:
+        return rayjob_commands.manage(command, args)
     with connect(args) as client:
         try:
             if command == "logs":
@@ -79,10 +84,15 @@ def main(argv: list[str]) -> int:
     job.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="environment variable (repeatable)")
     job.add_argument("--require-efa", action=argparse.BooleanOptionalAction, default=None,
                      help="fail within the first steps if NCCL is not on EFA (default: on for multi-node GPU jobs)")
+    rayjob_commands.add_arguments(parser)
     args = parse_connection(parser, argv)
 
     names = set(FLAGS) | set(EXTRA_ARGUMENTS)
     training = {k: v for k, v in vars(args).items() if k in names}
+    if args.rayjob or args.dry_run:
+        if not args.rayjob:
+            raise SubmitError("--dry-run prints a RayJob: add --rayjob (a plain Ray job has nothing to print)")
+        return rayjob_commands.submit_main(args, training, requested_pool(args, training))
     with contextlib.ExitStack() as stack:  # the stack's kubeconfig lives exactly as long as this block
         target, outputs = (stack.enter_context(stack_target(args.stack)) if args.stack and not args.address
                            else (None, {}))
@@ -91,12 +101,16 @@ def main(argv: list[str]) -> int:
         cfg = load.from_args(argparse.Namespace(**training), defaults)
         cfg = dataclass_replace(cfg, run_name=cfg.resolved_run_name)
         cluster_storage = "storage_path" not in (defaults or {}) and not storage_chosen(args, training)
+        if args.address and not cluster_storage:  # a relative folder names one here, not in the job's working_dir
+            cfg = load.absolute_storage(cfg)
         if not args.address:
             problems = [p for p in remote_problems(cfg)
                         if not (cluster_storage and p.startswith(flag("storage_path")))]
             if problems:
                 raise ConfigError(problems)
         env = job_environment(cfg, args.require_efa, parse_env(args.env))
+        if cluster_storage:  # the head's CHECKPOINT_URI, else (one node only) a folder on the head
+            env.setdefault(ray_facts.NODE_RUNS_ENV, ray_facts.NODE_RUNS_DIR)
         check_capacity_of_pool(cfg, pool)
         check_here(cfg, cluster_storage)
         return submit_and_follow(args, target, cfg, env, cluster_storage)
@@ -132,41 +146,6 @@ def requested_pool(args: argparse.Namespace, flags: dict) -> str | None:
     return (load.load_yaml(args.config).get("pool") if args.config else None) or None
 
 
-def check_capacity_of_pool(cfg, pool: GpuPool | None) -> None:
-    """More GPU workers than the pool's nodes can ever hold would wait forever: refuse it here."""
-    from trainer.jobs.cluster import ClusterError
-
-    if cfg.use_gpu and pool is not None and cfg.num_workers > pool.gpus:
-        raise ClusterError(f"--num-workers {cfg.num_workers} asks for {cfg.num_workers} GPUs; node pool {pool.name} "
-                           f"has {pool.gpus} at most ({pool.max_nodes} x {pool.instance_type}); use --num-workers "
-                           f"{pool.gpus} or fewer, or give the pool more nodes (gpuNodeCount, or with nodePools "
-                           f"the pool's desiredSize or maxSize)")
-
-
-def check_here(cfg, cluster_storage: bool) -> None:
-    """The pre-flight on this machine, before anything is submitted: the model (config, tokenizer, weight
-    headers), the first records, the run folder when it is known here. The job repeats it at its start on
-    the cluster, with the whole dataset. s3:// inputs are checked here only with AWS credentials here."""
-    from trainer.jobs.launch import preflight, print_notes
-
-    uses_s3 = any(str(v).startswith("s3://") for v in (cfg.model, cfg.dataset, cfg.tokenizer, cfg.chat_template,
-                                                        None if cluster_storage else cfg.storage_path))
-    if uses_s3 and not aws_credentials():
-        print("note: no AWS credentials on this machine, so the s3:// inputs are checked at the job's start on "
-              "the cluster, not here", file=sys.stderr)
-        return
-    print_notes(preflight(cfg, full_data=False, for_run=not cluster_storage))
-
-
-def aws_credentials() -> bool:
-    try:
-        import botocore.session
-
-        return botocore.session.get_session().get_credentials() is not None
-    except Exception:  # noqa: BLE001 - no botocore, or a broken profile: nothing to check with
-        return False
-
-
 def storage_chosen(args: argparse.Namespace, flags: dict) -> bool:
     """Did --storage-path/--out, or the --config file, name the storage? If not, the cluster's default applies."""
     if "storage_path" in flags or "out" in flags:
@@ -177,9 +156,12 @@ def storage_chosen(args: argparse.Namespace, flags: dict) -> bool:
 def submit_and_follow(args: argparse.Namespace, target: Target | None, cfg, env: dict[str, str],
                       cluster_storage: bool = False) -> int:
     with connect(args, target) as client:
+        if cluster_storage and args.address:  # a stack's RayCluster sets CHECKPOINT_URI on its head
+            check_nodes_share_storage(client, env[ray_facts.NODE_RUNS_ENV])
         job_id, previous_log = submit(client, cfg=cfg, pip=args.pip, env=env, cluster_storage=cluster_storage)
-        where = (f"the cluster's {ray_facts.CHECKPOINT_ENV}/{job_id} (the stack's bucket; {cfg.run_uri} on a "
-                 f"cluster without it)" if cluster_storage else cfg.run_uri)
+        where = (f"the cluster's {ray_facts.CHECKPOINT_ENV}/{job_id} (the stack's bucket; on a single-node "
+                 f"cluster without it, {env[ray_facts.NODE_RUNS_ENV]}/{job_id} on the head)" if cluster_storage
+                 else cfg.run_uri)
         print(f"Submitted run {job_id}: {cfg.num_workers} {cfg.device.upper()} worker(s); checkpoints, metrics "
               f"and the exported model go to {where}")
         connection = connection_flags(args)
@@ -191,6 +173,23 @@ def submit_and_follow(args: argparse.Namespace, target: Target | None, cfg, env:
             print(f"(The previous attempt's log is left out; `{command_hint('logs', job_id, connection)}` "
                   f"shows both.)", flush=True)
         return follow(client, job_id, skip=previous_log, connection=connection)
+
+
+def check_nodes_share_storage(client, folder: str) -> None:
+    """Before submitting without storage to a cluster named by --address: a folder on the head serves one node
+    only, so a cluster of several is refused here (the job checks again at its start, the autoscaler included)."""
+    from ray.util.state import list_nodes
+
+    from trainer.jobs.cluster import ClusterError, shared_storage_problem
+
+    try:
+        alive = list_nodes(address=client.get_address(), filters=[("state", "=", "ALIVE")],
+                           raise_on_missing_output=False)
+    except Exception:  # noqa: BLE001 - an older dashboard without the State API: the job's own check decides
+        return
+    problem = shared_storage_problem(len(alive), False, f"{folder}/{'<run name>'}")
+    if problem:
+        raise ClusterError(problem)
 
 
 def bench_main(argv: list[str]) -> int:

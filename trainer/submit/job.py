@@ -28,7 +28,7 @@ def stage_package(into: Path) -> Path:
     return into
 
 
-def runtime_env(working_dir: Path, pip: list[str], env: dict[str, str]) -> dict:
+def runtime_env(working_dir: Path | str, pip: list[str], env: dict[str, str]) -> dict:
     """With NCCL_DEBUG_FILE set, every worker process first creates its directory (NCCL makes none)."""
     spec: dict = {"working_dir": str(working_dir), "env_vars": dict(env)}
     if pip:
@@ -69,6 +69,28 @@ def entrypoint(argv: list[str]) -> str:
             f"done; echo 'error: no python with ray and torch on the Ray head (tried {candidates})' >&2; exit 127")
 
 
+def stage_job(into: Path, cfg, cluster_storage: bool = False) -> Path:
+    """The job's working_dir: the package, and the configuration validated here as job.yaml (a local
+    --chat-template file beside it). With `cluster_storage` the storage path is left out of it."""
+    import yaml
+
+    working_dir = stage_package(into)
+    if cfg.chat_template and "://" not in cfg.chat_template and not is_inline_template(cfg.chat_template):
+        # the driver reads it from the working_dir
+        shutil.copyfile(Path(cfg.chat_template).expanduser(), working_dir / CHAT_TEMPLATE_FILE)
+        cfg = dataclass_replace(cfg, chat_template=CHAT_TEMPLATE_FILE)
+    job_config = cfg.to_dict()
+    if cluster_storage:
+        del job_config["storage_path"]
+    (working_dir / JOB_CONFIG).write_text(yaml.safe_dump(job_config, sort_keys=False))
+    return working_dir
+
+
+def train_entrypoint() -> str:
+    """What every run's job executes: `trainer train` on the job.yaml beside it."""
+    return entrypoint(["-m", "trainer", "train", "--config", JOB_CONFIG])
+
+
 def submit(client, *, cfg, pip: list[str], env: dict[str, str], cluster_storage: bool = False) -> tuple[str, int]:
     """Submit (or resubmit) the run; a finished job of the same name is replaced, a running one is refused.
 
@@ -78,7 +100,6 @@ def submit(client, *, cfg, pip: list[str], env: dict[str, str], cluster_storage:
     Returns the job id and the length of the log a previous attempt left under the same id (Ray
     appends the new attempt to it).
     """
-    import yaml
     from ray.job_submission import JobStatus
 
     run_name = cfg.resolved_run_name
@@ -94,18 +115,10 @@ def submit(client, *, cfg, pip: list[str], env: dict[str, str], cluster_storage:
             previous_log = len(client.get_job_logs(run_name))
         client.delete_job(run_name)
     with tempfile.TemporaryDirectory(prefix="trainer-job-") as folder:
-        working_dir = stage_package(Path(folder))
-        if cfg.chat_template and "://" not in cfg.chat_template and not is_inline_template(cfg.chat_template):
-            # the driver reads it from the working_dir
-            shutil.copyfile(Path(cfg.chat_template).expanduser(), working_dir / CHAT_TEMPLATE_FILE)
-            cfg = dataclass_replace(cfg, chat_template=CHAT_TEMPLATE_FILE)
-        job_config = cfg.to_dict()
-        if cluster_storage:
-            del job_config["storage_path"]
-        (working_dir / JOB_CONFIG).write_text(yaml.safe_dump(job_config, sort_keys=False))
+        working_dir = stage_job(Path(folder), cfg, cluster_storage)
         job_id = submit_when_ready(
             client,
-            entrypoint=entrypoint(["-m", "trainer", "train", "--config", JOB_CONFIG]),
+            entrypoint=train_entrypoint(),
             submission_id=run_name,
             runtime_env=runtime_env(working_dir, pip, env),
             metadata={"run_name": run_name},
