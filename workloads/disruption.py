@@ -61,9 +61,7 @@ def prioritized(spec: dict) -> dict:
     """A RayCluster spec whose head pod carries the PriorityClass (a copy).
 
     The head only: it shares the system nodes with everything else, while a GPU worker claims a whole
-    tainted node nobody else schedules on. And a change to the worker groups changes an autoscaled
-    RayCluster's digest (raycluster.WORKER_GROUP_DIGEST), which replaces it, and every running job with it,
-    on the next `pulumi up`; the head's template is outside the digest and KubeRay does not roll it."""
+    tainted node nobody else schedules on, so a priority there would preempt nothing."""
     import copy
 
     out = copy.deepcopy(spec)
