@@ -19,6 +19,7 @@ from trainer.config.load import add_arguments, from_args
 from trainer.data.formats import Renderer
 from trainer.data.packing import DataError, DataSpec, check_records, load_records, prepare, tokenizer_fingerprint
 from trainer.data.packing import summary as data_summary
+from trainer.jobs import interrupt
 from trainer.jobs.cluster import ClusterError, check_capacity, check_reachable
 from trainer.jobs.failures import failure_summary, retryable, user_error
 from trainer.loop.metrics import credential_problems, missing_backends
@@ -242,7 +243,8 @@ def _fit_with_retries(cfg: TrainConfig, run: Storage, storage_filesystem: Any, *
         if note:
             print(f"note: {note}", file=sys.stderr, flush=True)
         try:
-            return build_trainer(cfg, storage_filesystem, quiet=quiet, inputs=inputs).fit()
+            with interrupt.stopped_by_signal(run) as stop:  # SIGINT, SIGTERM: exit 130 naming the checkpoint
+                return stop.attach(build_trainer(cfg, storage_filesystem, quiet=quiet, inputs=inputs)).fit()
         except Exception as e:
             found = user_error(e)
             if found is not None:
