@@ -82,8 +82,8 @@ def preflight(cfg: TrainConfig, storage_filesystem: Any = None, *, full_data: bo
             template = read_chat_template(cfg.chat_template, fs_for(cfg.chat_template))
         except ValueError as e:
             problems.append(f"{flag('chat_template')} {e}")
-    cache_where = location_problem(cfg.resolved_cache_dir)
-    if cache_where:  # before anything is downloaded or tokenized into it
+    cache_where = location_problem(cfg.resolved_cache_dir) if full_data else None
+    if cache_where:  # before anything is downloaded or tokenized into it; `submit`: the job checks the cluster's
         named = flag("cache_dir") if cfg.cache_dir else f"{flag('cache_dir')} (unset: TRAINER_CACHE or the default)"
         problems.append(f"{named} {cfg.resolved_cache_dir}: {cache_where}; pass a folder this user can write")
     where = location_problem(cfg.run_uri, fs_for(cfg.run_uri)) if for_run else None
