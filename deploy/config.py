@@ -31,6 +31,7 @@ from facts import catalog, images
 from facts import nodes as node_facts
 from facts import ray as ray_facts
 from facts.errors import Problems, ProblemsError
+from facts.reading import clip_text, odd_characters
 from infra import aws_provider, aws_rules
 from infra import node_pools as pools
 from infra.node_pools import NodePool
@@ -730,7 +731,8 @@ def _check_unknown_keys(ours: Mapping[str, Any], keys: Mapping[str, Any], prefix
     for name in sorted(set(ours) - set(keys)):
         close = difflib.get_close_matches(name, keys, n=1, cutoff=0.6)
         hint = f"did you mean {prefix}{close[0]}?" if close else f"known keys: {', '.join(keys)}"
-        problems.append(f"{prefix}{name}: unknown configuration key; {hint}")
+        odd = odd_characters(name)
+        problems.append(f"{prefix}{clip_text(name)}: unknown configuration key; {hint}" + (f" ({odd})" if odd else ""))
 
 
 def _check_region(region: Any, problems: Problems) -> None:

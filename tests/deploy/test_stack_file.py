@@ -38,6 +38,8 @@ CASES = [
     (HEADER + "  a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
         f"  {chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n" for i in range(8)),
      ["holds more than 100,000 values with its aliases (*name) expanded"]),
+    (HEADER + "  raytrain-eks:gpuNode\u200bType: p5.48xlarge\n",
+     ["unknown configuration key; did you mean raytrain-eks:gpuNodeType?", "U+200B ZERO WIDTH SPACE at position 7"]),
 ]
 
 

@@ -6,8 +6,9 @@ Each case gets a folder of its own with its inputs, runs `python -m trainer ...`
 process (against a local Ray cluster this script starts, where the case needs one) and is
 reported as: input, exit code, seconds to the error, the message's first line, and what
 the run wrote (files that appeared in its folder). A representative subset is part of the
-test suite (tests/trainer/test_bad_inputs.py, test_user_errors_on_ray.py); this is the
-whole sweep, for a person to read. It takes several minutes on a small machine.
+test suite (tests/trainer/test_bad_inputs.py, test_user_errors_on_ray.py), and the cases of
+issue 29 (ISSUE_29) run in it in-process (tests/trainer/test_bad_inputs_sweep.py, `run_in_process`);
+this is the whole sweep, for a person to read. It takes several minutes on a small machine.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class Case:
     base: bool = True          # prepend the valid model/dataset/shape flags
     cluster: str | None = None  # "gcs" or "dashboard": the local cluster's address is appended
     timeout: float = 600
+    env: dict = field(default_factory=dict)  # environment variables set for the case ("" unsets one)
 
 
 @dataclass
@@ -225,6 +227,79 @@ CASES: list[Case] = [
 ]
 
 
+# ------------------------------------------------------------------ issue 29: retried, hung, traceback, lost
+
+def bigger_tokenizer(sweep: Sweep, d: Path) -> None:
+    from transformers import AutoTokenizer
+
+    folder = copy_model(sweep, d)
+    tok = AutoTokenizer.from_pretrained(folder)
+    tok.add_tokens([f"<extra_{i}>" for i in range(json.loads((folder / "config.json").read_text())["vocab_size"])])
+    tok.save_pretrained(folder)
+
+
+def no_eos(path: Path) -> None:
+    cfg = json.loads((path / "tokenizer_config.json").read_text())
+    cfg["eos_token"] = None
+    (path / "tokenizer_config.json").write_text(json.dumps(cfg))
+
+
+def torn_run_record(sweep: Sweep, d: Path) -> None:
+    from trainer.run_folder import checkpoint as ckpt
+
+    (d / "run" / ckpt.dir_name(4)).mkdir(parents=True)
+    (d / "run" / "run.json").write_text('{"run_name": "run", "inputs": {"settings": {"lr": 0.0')
+
+
+def both(*setups):
+    def setup(sweep: Sweep, d: Path) -> None:
+        for one in setups:
+            one(sweep, d)
+    return setup
+
+
+C = lambda s, d: ["--config", str(d / "c.yaml")]  # noqa: E731
+ALIASES = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n" for i in range(8)) + "run_name: *i\n"
+NO_WANDB = {"WANDB_API_KEY": "", "WANDB_IDENTITY_TOKEN_FILE": "", "WANDB_MODE": "online", "NETRC": "/nonexistent"}
+ISSUE_29: list[Case] = [
+    # checks moved before Ray (they were retried on the workers)
+    Case("--tokenizer with more tokens than the model's vocabulary", "train",
+         lambda s, d: ["--tokenizer", str(d / "model")], bigger_tokenizer),
+    Case("--seed 2**64", "train", lambda s, d: ["--seed", str(2**64)]),
+    Case("--report-to wandb without credentials", "train", lambda s, d: ["--report-to", "wandb"], env=NO_WANDB),
+    Case("--report-to wandb with WANDB_MODE=offlien", "train", lambda s, d: ["--report-to", "wandb"],
+         env={**NO_WANDB, "WANDB_MODE": "offlien"}),
+    # the cluster: a port that answers as something else than Ray
+    Case("train --address a web server's port", "train", lambda s, d: ["--address", f"127.0.0.1:{s.cluster['http']}"]),
+    # --config
+    Case("--config key given twice", "train", C, write("c.yaml", "lr: 1e-5\nlr: 2e-5\n")),
+    Case("--config 010 (YAML 1.1 octal)", "train", C, write("c.yaml", "steps: 010\n")),
+    Case("--config on (YAML 1.1 boolean)", "train", C, write("c.yaml", "export: on\n")),
+    Case("--config nested 10,000 deep", "train", C, write("c.yaml", "a: " + "[" * 10_000 + "]" * 10_000 + "\n")),
+    Case("--config alias bomb", "train", C, write("c.yaml", ALIASES)),
+    Case("--config byte not UTF-8", "train", C, write("c.yaml", b"lr: 1e-5\nrun_name: caf\xe9\n")),
+    Case("--config key with a zero-width space", "train", C, write("c.yaml", "\u200blr: 1e-5\n")),
+    Case("--config 1 MB value", "train", C, write("c.yaml", "lr: " + "x" * 1_000_000 + "\n")),
+    Case("--config a folder", "train", lambda s, d: ["--config", str(d)]),
+    # the data, the tokenizer, the cache
+    Case("--dataset record nested 10,000 deep", "train", lambda s, d: [D, str(d / "x.jsonl")],
+         write("x.jsonl", jsonl(chat(), chat()) + '{"messages": ' + "[" * 10_000 + "]" * 10_000 + "}\n")),
+    Case("--dataset JSON Lines line not JSON (named)", "train", lambda s, d: [D, str(d / "x.jsonl")],
+         write("x.jsonl", jsonl(chat()) + "{oops: 1}\n" + jsonl(chat()))),
+    Case("--dataset every assistant turn empty", "train", lambda s, d: [D, str(d / "x.jsonl")],
+         write("x.jsonl", jsonl(*[chat("hi", " ")] * 20))),
+    Case("--tokenizer without EOS, text records", "train", lambda s, d: [D, str(d / "x.jsonl"), "--tokenizer",
+                                                                         str(d / "model")],
+         both(edit_model(no_eos), write("x.jsonl", jsonl(*[{"text": "some text"}] * 40)))),
+    Case("--seq-len 1", "train", lambda s, d: ["--seq-len", "1"]),
+    Case("--cache-dir a file", "train", lambda s, d: ["--cache-dir", str(d / "f")], write("f", "x")),
+    # the run folder
+    Case("resume from a torn run.json", "train", lambda s, d: ["--lr", "0.5"], torn_run_record),
+]
+CASES += ISSUE_29
+
+
 # ------------------------------------------------------------------ running
 
 def written(folder: Path, before: set[str]) -> str:
@@ -243,6 +318,20 @@ def message(proc: subprocess.CompletedProcess) -> str:
         return (first + (" " + detail if detail else ""))[:200]
     notes = [ln for ln in lines if ln.startswith(("note", "Traceback"))]
     return (notes[0] if notes else (lines[-1] if lines else ""))[:200]
+
+
+def web_server():
+    """A plain HTTP server on a free port (a thread of this process): what a wrong --address often points at."""
+    import http.server
+    import threading
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
 
 
 def start_cluster() -> tuple[subprocess.Popen, dict]:
@@ -275,6 +364,7 @@ def run_case(sweep: Sweep, i: int, case: Case, env: dict) -> dict:
     if case.cluster:
         argv += ["--address", sweep.cluster[case.cluster]]
     t0 = time.monotonic()
+    env = {k: v for k, v in {**env, **case.env}.items() if v != ""}
     try:
         proc = subprocess.run([sys.executable, "-m", "trainer", case.command, *argv], cwd=REPO, env=env,
                               capture_output=True, text=True, timeout=case.timeout)
@@ -284,6 +374,40 @@ def run_case(sweep: Sweep, i: int, case: Case, env: dict) -> dict:
         code, msg, traceback = "timeout", f"no answer within {case.timeout:.0f} s", False
     return {"input": case.name, "command": case.command, "exit": code, "seconds": round(time.monotonic() - t0, 1),
             "message": msg + (" [traceback]" if traceback else ""), "written": written(folder, before)}
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every file below `folder` by relative path, with its sha256: what a case must leave as it found it."""
+    import hashlib
+
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def run_in_process(sweep: Sweep, i: int, case: Case) -> dict:
+    """A case through the CLI's main in this process (seconds, for the test suite): exit code, stderr, files."""
+    import contextlib
+    import io
+
+    from trainer.__main__ import main as trainer
+
+    folder = sweep.root / f"{i:02d}"
+    folder.mkdir()
+    case.setup(sweep, folder)
+    before = snapshot(folder)
+    argv = [*(sweep.base(folder / "run") if case.base else []), *case.argv(sweep, folder)]
+    saved = {k: os.environ.get(k) for k in case.env}
+    err, out = io.StringIO(), io.StringIO()
+    try:
+        for k, v in case.env.items():
+            os.environ.pop(k, None) if v == "" else os.environ.__setitem__(k, v)
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+            code = trainer([case.command, *argv])
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    return {"exit": code, "stderr": err.getvalue(), "stdout": out.getvalue(), "before": before,
+            "after": snapshot(folder)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -310,6 +434,8 @@ def main(argv: list[str] | None = None) -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         sweep.cluster["closed"] = s.getsockname()[1]
+    web = web_server()
+    sweep.cluster["http"] = web.server_address[1]
     if any(c.cluster for c in cases):
         cluster_proc, info = start_cluster()
         sweep.cluster.update(info)

@@ -162,7 +162,7 @@ def test_bad_files_fail_with_the_file_and_the_fix(tmp_path):
     with pytest.raises(DataError, match="missing.jsonl.*not found; pass an existing .jsonl"):
         load_records(str(tmp_path / "missing.jsonl"))
     (tmp_path / "bad.jsonl").write_text('{"prompt": "a", "response": "b"}\n{not json\n')
-    with pytest.raises(DataError, match="bad.jsonl.*`datasets` cannot read it"):
+    with pytest.raises(DataError, match="bad.jsonl line 2, column 2 is not JSON .*; fix or remove that line"):
         load_records(str(tmp_path / "bad.jsonl"))
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(DataError, match="empty.jsonl.*is empty"):

@@ -10,7 +10,7 @@ from tests.guards import nonempty
 from trainer.__main__ import main as trainer
 
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
-    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n" for i in range(8))
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n" for i in range(8)) + "run_name: *i\n"
 
 CONFIGS = {  # name: (file content, phrases of the message)
     "a key given twice": ("lr: 1e-5\nsteps: 3\nlr: 2e-5\n",

@@ -269,3 +269,25 @@ def test_the_preflight_tokenizer_of_an_s3_model_fetches_its_tokenizer_files_and_
     text = "a tokenizer read from s3"
     assert tok(text)["input_ids"] == load_tokenizer(demo_assets["model"])(text)["input_ids"]
     assert tok.pad_token_id is not None
+
+
+def test_the_run_folder_lock_on_s3_refuses_a_second_run_and_a_dead_local_holder_is_taken_over(s3):
+    """Issue 29: S3 cannot lock, so the lock is an object naming its holder; the same host's dead holder is stale."""
+    import json
+    import socket as sockets
+
+    from trainer.run_folder import lock as run_lock
+
+    s3.faults.clear()
+    store = Storage.from_uri(f"s3://{BUCKET}/runs/locked", fs=s3.filesystem())
+    other = {"run_name": "first", "host": "another-host", "pid": 1, "since": "2026-12-01T00:00:00+0000"}
+    store.write_text(json.dumps(other), run_lock.LOCK)
+    with pytest.raises(run_lock.RunFolderLocked, match=r"run 'first' \(driver pid 1 on another-host, .*delete "
+                                                       r".*run.lock and run again"):
+        with run_lock.held(store, "second"):
+            pass
+    dead = {**other, "host": sockets.gethostname(), "pid": 2**22 + 7}  # no such process here
+    store.write_text(json.dumps(dead), run_lock.LOCK)
+    with run_lock.held(store, "second"):
+        assert json.loads(store.read_text(run_lock.LOCK))["run_name"] == "second"
+    assert not store.exists(run_lock.LOCK)  # removed by its holder at the end

@@ -19,6 +19,7 @@ from trainer.config.load import absolute_storage, add_arguments, from_args
 from trainer.data.formats import Renderer
 from trainer.data.packing import DataError, DataSpec, check_records, load_records, prepare, tokenizer_fingerprint
 from trainer.data.packing import summary as data_summary
+from trainer.jobs import interrupt
 from trainer.jobs.cluster import (
     ClusterError,
     check_capacity,
@@ -94,8 +95,8 @@ def preflight(cfg: TrainConfig, storage_filesystem: Any = None, *, full_data: bo
             template = read_chat_template(cfg.chat_template, fs_for(cfg.chat_template))
         except ValueError as e:
             problems.append(f"{flag('chat_template')} {e}")
-    cache_where = location_problem(cfg.resolved_cache_dir)
-    if cache_where:  # before anything is downloaded or tokenized into it
+    cache_where = location_problem(cfg.resolved_cache_dir) if full_data else None
+    if cache_where:  # before anything is downloaded or tokenized into it; `submit`: the job checks the cluster's
         named = flag("cache_dir") if cfg.cache_dir else f"{flag('cache_dir')} (unset: TRAINER_CACHE or the default)"
         problems.append(f"{named} {cfg.resolved_cache_dir}: {cache_where}; pass a folder this user can write")
     where = location_problem(cfg.run_uri, fs_for(cfg.run_uri)) if for_run else None
@@ -263,7 +264,8 @@ def _fit_with_retries(cfg: TrainConfig, run: Storage, storage_filesystem: Any, *
         if note:
             print(f"note: {note}", file=sys.stderr, flush=True)
         try:
-            return build_trainer(cfg, storage_filesystem, quiet=quiet, inputs=inputs).fit()
+            with interrupt.stopped_by_signal(run) as stop:  # SIGINT, SIGTERM: exit 130 naming the checkpoint
+                return stop.attach(build_trainer(cfg, storage_filesystem, quiet=quiet, inputs=inputs)).fit()
         except Exception as e:
             found = user_error(e)
             if found is not None:

@@ -129,7 +129,12 @@ def held(storage: Storage, run_name: str) -> Iterator[None]:
 
 def check_free(storage: Storage, run_name: str) -> None:
     """RunFolderLocked now, before a cluster is joined, when another run holds the folder; nothing is created."""
-    if storage.path() in _HELD or not storage.exists(LOCK):
+    if storage.path() in _HELD:
+        return
+    try:
+        if not storage.exists(LOCK):
+            return
+    except OSError:  # storage that does not answer: the pre-flight names why
         return
     with held(storage, run_name):
         pass

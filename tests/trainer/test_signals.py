@@ -1,0 +1,49 @@
+"""Issue 29, item 5: SIGTERM (and Ctrl-C: the same handler) to the driver while it trains stops the run cleanly:
+exit 130 with the last complete checkpoint named, no Ray signal dump, the run folder's lock released.
+
+One Ray run: what is tested is Ray Train's fit() under a signal (its own SIGINT handler, its controller's
+abort), which only a real run on the session cluster shows."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from trainer.run_folder import checkpoint as ckpt
+from trainer.run_folder import lock as run_lock
+from trainer.storage import Storage
+
+from . import reference_runs as runs
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_sigterm_to_the_driver_stops_the_run_with_exit_130_naming_the_last_complete_checkpoint(
+        ray_cluster, demo_assets, trainer_cache, tmp_path):
+    cfg = runs.config(demo_assets, trainer_cache, str(tmp_path), "stopped", steps=400, num_workers=1,
+                      checkpoint_every=runs.EVERY, export=False)
+    run = tmp_path / "stopped"
+    proc = subprocess.Popen([sys.executable, "-m", "trainer", "train", "--address", ray_cluster.address,
+                             *runs.cli_flags(cfg)], cwd=REPO, env=ray_cluster.client_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (run / ckpt.dir_name(runs.EVERY) / ckpt.MARKER).exists() and proc.poll() is None:
+            assert time.monotonic() < deadline, "no checkpoint within 240 s"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, (proc.returncode, err[-3000:])
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    newest = ckpt.complete_names(Storage.from_uri(str(run)))[-1]
+    assert line.startswith("error: interrupted by SIGTERM: the run stopped; its last complete checkpoint is "
+                           f"{run / newest} (step {ckpt.step_of(newest)}); run the same command again"), line
+    assert "Traceback" not in err and "*** SIGTERM received" not in err, err[-3000:]
+    assert not (run / run_lock.LOCK).exists()  # the lock went with the driver
