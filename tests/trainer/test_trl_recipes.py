@@ -248,3 +248,22 @@ def test_a_dataset_mixture_is_the_records_alignment_handbooks_get_dataset_gives(
     assert cfg.resolved_run_name.startswith("m-mixture-")
     with pytest.raises(ConfigError, match=r"'dataset_mixture'.*datasets\[0\].weight: 2; expected a fraction"):
         merge({"model_name_or_path": "m", "dataset_mixture": {"datasets": [{"id": "x", "weight": 2}]}}, {})
+
+
+def test_eos_token_and_an_inline_chat_template_are_applied_and_a_bad_eos_token_names_the_fix():
+    """Alignment-handbook recipes give chat_template inline and eos_token by name (as TRL applies them)."""
+    from trainer import demo
+    from trainer.data.formats import Renderer, to_example
+    from trainer.jobs.launch import read_chat_template
+    from trainer.model.errors import ModelSourceError
+    from trainer.model.sources import set_eos_token
+
+    values = recipe("handbook-zephyr-7b-beta-sft-full.yaml")
+    assert read_chat_template(values["chat_template"]) == values["chat_template"]  # the text, not a file name
+    tok = demo.build_tokenizer()
+    set_eos_token(tok, "<|endoftext|>")
+    ids, _ = Renderer(tok, "completion_only").encode(to_example({"text": "ab"}, "r"))
+    assert tok.decode(ids) == "ab<|endoftext|>"  # TRL appends the eos_token to text records
+    with pytest.raises(ModelSourceError, match=r"--eos-token '<eos>': not a token of the tokenizer's vocabulary.*"
+                                               r"pass one of its special tokens"):
+        set_eos_token(tok, "<eos>")
