@@ -243,14 +243,14 @@ def test_transformers_semantics_of_the_trl_keys(tmp_path, text, want):
 
 def test_trl_keys_that_do_not_apply_are_refused_each_with_its_reason(tmp_path):
     f = tmp_path / "sft.yaml"
-    f.write_text("packing: false\nbf16: false\nfp16: true\neval_strategy: epoch\nuse_peft: true\n"
+    f.write_text("packing: false\nbf16: false\nfp16: true\neval_strategy: best\nuse_peft: true\n"
                  "lr_scheduler_type: polynomial\nnum_train_epochs: 1.5\noptim: sgd\npush_to_hub: true\n"
                  "report_to: all\nhub_private_repo: true\ndeepspeed: ds.json\ntorch_empty_cache_steps: 10\n")
     with pytest.raises(ConfigError) as e:
         parse(["--config", str(f), *BASE])
     by_key = {p.split("key ", 1)[1].split(" ", 1)[0].strip("':"): p for p in e.value.problems}
     reasons = {"packing": "always packed", "bf16": "bf16 parameters on GPU", "fp16": "fp16 is not supported",
-               "eval_strategy": "use eval_strategy: steps", "use_peft": "full fine-tuning only",
+               "eval_strategy": "use eval_strategy: steps, epoch or no", "use_peft": "full fine-tuning only",
                "lr_scheduler_type": "supported: cosine, linear, constant", "num_train_epochs": "whole epochs",
                "optim": "AdamW", "push_to_hub": "upload the exported folder yourself",
                "report_to:": "name the backends", "hub_private_repo": "set push_to_hub: false", "deepspeed": "FSDP2",

@@ -13,7 +13,7 @@ import pytest
 
 from trainer.config.flags import ConfigError, TrainConfig
 from trainer.config.load import merge
-from trainer.data.packing import IGNORE_INDEX, DataSpec, prepare
+from trainer.data.packing import IGNORE_INDEX, DataSpec, PackedData, prepare
 from trainer.loop.parallel import setup_parallel
 from trainer.loop.run import run
 from trainer.storage import Storage
@@ -40,16 +40,22 @@ def reference_loss(model_dir, packed) -> float:
 
 def test_the_eval_loss_of_held_out_data_is_logged_at_the_start_and_every_n_steps(process_group, demo_assets,
                                                                                  tmp_path):
-    cfg = TrainConfig(model=str(demo_assets["model"]), dataset=str(demo_assets["train"]), seq_len=128,
-                      global_batch_size=4, micro_batch_size=2, num_workers=1, steps=4, log_every=4,
-                      eval_every=2, eval_on_start=True, eval_dataset=str(demo_assets["heldout"]), eval_batch_size=3,
-                      export=False, progress=False, report_to="tensorboard", storage_path=str(tmp_path),
-                      run_name="ev", cache_dir=str(tmp_path / "cache"))
+    """Trained on the small held-out file itself (14 packed rows: 3 steps an epoch), so epochs end within 6 steps."""
+    cfg = TrainConfig(model=str(demo_assets["model"]), dataset=str(demo_assets["heldout"]), seq_len=128,
+                      global_batch_size=4, micro_batch_size=2, num_workers=1, steps=6, log_every=6,
+                      eval_every=4, eval_each_epoch=True, eval_on_start=True, checkpoint_each_epoch=True,
+                      eval_dataset=str(demo_assets["heldout"]), eval_batch_size=3, export=False, progress=False,
+                      report_to="tensorboard", storage_path=str(tmp_path), run_name="ev", cache_dir=str(tmp_path / "c"))
     run(cfg, setup_parallel(cfg, 0, 1, 0), Storage.from_uri(cfg.run_uri))
 
     lines = [json.loads(line) for line in (tmp_path / "ev" / "metrics.jsonl").read_text().splitlines()]
     evals = [(m["step"], "loss" in m) for m in lines if "eval_loss" in m]
-    assert evals == [(0, False), (2, True), (4, True)]  # at the start, then with the training metrics
+    assert PackedData(tmp_path / "c" / "data" / next(p.name for p in (tmp_path / "c" / "data").iterdir()
+                                                     if (p / "meta.json").is_file())).steps_per_epoch(4) == 3
+    # at the start; then with the training metrics: each epoch's end (3, 6) and every 4 steps (4)
+    assert evals == [(0, False), (3, True), (4, True), (6, True)]
+    events = [json.loads(line) for line in (tmp_path / "ev" / "events.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in events if e["event"] == "checkpoint"] == [3, 6]  # each epoch's end
     held_out = prepare(DataSpec.eval_from_config(cfg), tokenizer=_tokenizer(cfg), seq_len=cfg.seq_len,
                        cache_dir=cfg.cache_dir)
     start = lines[0]
@@ -57,12 +63,12 @@ def test_the_eval_loss_of_held_out_data_is_logged_at_the_start_and_every_n_steps
     assert start["eval_loss"] == pytest.approx(reference_loss(demo_assets["model"], held_out), rel=1e-4)
     assert lines[-1]["eval_loss"] < start["eval_loss"]  # it learns
     record = json.loads((tmp_path / "ev" / "run.json").read_text())
-    assert [r["step"] for r in record["eval"]["history"]] == [0, 2, 4]
+    assert [r["step"] for r in record["eval"]["history"]] == [0, 3, 4, 6]
     assert record["eval"]["best"]["eval_loss"] == min(r["eval_loss"] for r in record["eval"]["history"])
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(tmp_path / "ev" / "tensorboard")).Reload()
-    assert [e.step for e in events.Scalars("eval/loss")] == [0, 2, 4]
+    board = EventAccumulator(str(tmp_path / "ev" / "tensorboard")).Reload()
+    assert [e.step for e in board.Scalars("eval/loss")] == [0, 3, 4, 6]
 
 
 def _tokenizer(cfg):
@@ -75,17 +81,20 @@ def _tokenizer(cfg):
     ({"eval_strategy": "steps", "eval_steps": 50}, 50),
     ({"eval_strategy": "steps", "logging_steps": 25}, 25),  # transformers: eval_steps defaults to logging_steps
     ({"eval_strategy": "no", "eval_steps": 50}, 0),
+    ({"eval_strategy": "epoch"}, "epoch"),
     ({}, 0),
 ])
 def test_trls_eval_strategy_and_steps_set_how_often_the_eval_loss_is_computed(text, want):
     cfg = merge({"model_name_or_path": "m", "dataset_name": "d", "per_device_eval_batch_size": 4,
                  "dataset_test_split": "valid", **text}, {})
-    assert (cfg.eval_every, cfg.eval_batch_size, cfg.eval_split) == (want, 4, "valid")
+    assert ("epoch" if cfg.eval_each_epoch else cfg.eval_every, cfg.eval_batch_size, cfg.eval_split) == \
+        (want, 4, "valid")
+    assert cfg.evaluates == bool(want)
 
 
-def test_evaluation_by_epoch_and_the_best_checkpoint_are_refused_with_the_fix():
+def test_an_unknown_eval_strategy_and_the_best_checkpoint_are_refused_with_the_fix():
     with pytest.raises(ConfigError) as e:
-        merge({"model_name_or_path": "m", "dataset_name": "d", "eval_strategy": "epoch",
+        merge({"model_name_or_path": "m", "dataset_name": "d", "eval_strategy": "best",
                "load_best_model_at_end": True}, {})
     text = "\n".join(e.value.problems)
-    assert "use eval_strategy: steps with eval_steps: N" in text and "best checkpoint by eval loss" in text
+    assert "use eval_strategy: steps, epoch or no" in text and "best checkpoint by eval loss" in text

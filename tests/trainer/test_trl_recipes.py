@@ -27,38 +27,31 @@ from trainer.config.load import merge, parse
 RECIPES = Path(__file__).parent / "data" / "trl_recipes"
 SOURCES = json.loads((RECIPES / "SOURCES.json").read_text())
 PUSH = "set push_to_hub: false"
-NO_EVAL = "use eval_strategy: steps with eval_steps: N"
-EPOCH_SAVES = "use save_strategy: steps"
 UNPACKED = "packing: false is not supported"
 # recipe -> {refused key: the reason's words}; every other key of the recipe is applied or accepted
 REFUSED = {
     "trl-example_config.yaml": {},
     "handbook-zephyr-7b-beta-sft-full.yaml": {
-        "eval_strategy": NO_EVAL,
         "push_to_hub": PUSH, "hub_model_id": PUSH, "hub_strategy": PUSH},
     "handbook-zephyr-7b-gemma-sft-full.yaml": {
-        "eval_strategy": NO_EVAL,
         "push_to_hub": PUSH, "hub_model_id": PUSH, "hub_strategy": PUSH,
         "dataset_kwargs": "datasets and models are prepared by this trainer"},
     "handbook-smollm2-sft.yaml": {
-        "eval_strategy": NO_EVAL,
         "push_to_hub": PUSH, "hub_model_id": PUSH, "hub_strategy": PUSH},
     "handbook-smollm3-sft.yaml": {
         "model_revision": "only the hub's main revision is downloaded", "trust_remote_code": "no trust_remote_code",
         "gradient_checkpointing_kwargs": "set use_reentrant: false",
-        "packing_strategy": "use packing_strategy: bfd", "save_strategy": EPOCH_SAVES,
+        "packing_strategy": "use packing_strategy: bfd",
         "push_to_hub": PUSH, "hub_strategy": PUSH},
     "handbook-constitutional-ai-sft-anthropic.yaml": {
-        "eval_strategy": NO_EVAL,
         "push_to_hub": PUSH, "hub_model_id": PUSH, "hub_strategy": PUSH},
     "handbook-starchat2-15b-sft.yaml": {
-        "eval_strategy": NO_EVAL,
         "push_to_hub": PUSH, "hub_model_id": PUSH, "hub_strategy": PUSH},
     "open-r1-olympiccoder-7b-sft.yaml": {
-        "packing": UNPACKED, "save_strategy": EPOCH_SAVES, "push_to_hub": PUSH, "hub_model_id": PUSH,
+        "packing": UNPACKED, "push_to_hub": PUSH, "hub_model_id": PUSH,
         "hub_strategy": PUSH},
     "open-r1-openr1-distill-7b-sft.yaml": {
-        "packing": UNPACKED, "save_strategy": EPOCH_SAVES, "push_to_hub": PUSH, "hub_model_id": PUSH,
+        "packing": UNPACKED, "push_to_hub": PUSH, "hub_model_id": PUSH,
         "hub_strategy": PUSH},
 }
 # keys `trl sft` reads that are not SFTConfig's (ScriptArguments / ModelConfig / the recipe script's own)
@@ -133,14 +126,14 @@ def test_keys_whose_value_does_nothing_here_are_accepted_and_recorded():
               "remove_unused_columns": True, "save_strategy": "no"}
     cfg = merge(values, {})
     assert set(cfg.sources["accepted"]) == set(values) - {"model_name_or_path", "dataset_name",
-                                                          "per_device_eval_batch_size"}
+                                                          "per_device_eval_batch_size", "save_strategy"}
     assert cfg.checkpoint_every == 0 and cfg.eval_every == 0  # save_strategy: no: only the final checkpoint
     with pytest.raises(ConfigError) as e:
-        merge({**values, "eval_strategy": "epoch", "gradient_checkpointing_kwargs": {"use_reentrant": True}}, {})
+        merge({**values, "eval_strategy": "best", "gradient_checkpointing_kwargs": {"use_reentrant": True}}, {})
     problems = "\n".join(e.value.problems)
     assert len(e.value.problems) == 2, problems
-    for needle in ("'eval_strategy' = 'epoch': not applicable here: evaluation runs every eval_steps steps; use "
-                   "eval_strategy: steps with eval_steps: N", "set use_reentrant: false"):
+    for needle in ("'eval_strategy' = 'best': not applicable here: evaluation runs every eval_steps steps or every "
+                   "epoch: use eval_strategy: steps, epoch or no", "set use_reentrant: false"):
         assert needle in problems
 
 
@@ -168,8 +161,12 @@ def _check_against_trl(cfg, values: dict, workers: int) -> None:
                              (False, False): "all"}[(ref.assistant_only_loss, ref.completion_only_loss)],
                 "eos_token": ref.eos_token, "dataset_text_field": ref.dataset_text_field,
                 "warmup_ratio": values.get("warmup_ratio", 0.0)}
-    if values.get("save_strategy", "steps") == "steps":
-        expected["checkpoint_every"] = ref.save_steps
+    save, evaluation = values.get("save_strategy", "steps"), values.get("eval_strategy", "no")
+    expected["checkpoint_every"] = ref.save_steps if save == "steps" else 0
+    expected["checkpoint_each_epoch"] = save == "epoch"
+    expected["eval_every"] = (ref.eval_steps or ref.logging_steps) if evaluation == "steps" else 0
+    expected["eval_each_epoch"] = evaluation == "epoch"
+    expected["eval_batch_size"] = values.get("per_device_eval_batch_size")
     if ref.save_total_limit is not None:
         expected["num_to_keep"] = ref.save_total_limit
     assert {k: getattr(cfg, k) for k in expected} == expected
@@ -251,3 +248,22 @@ def test_a_dataset_mixture_is_the_records_alignment_handbooks_get_dataset_gives(
     assert cfg.resolved_run_name.startswith("m-mixture-")
     with pytest.raises(ConfigError, match=r"'dataset_mixture'.*datasets\[0\].weight: 2; expected a fraction"):
         merge({"model_name_or_path": "m", "dataset_mixture": {"datasets": [{"id": "x", "weight": 2}]}}, {})
+
+
+def test_eos_token_and_an_inline_chat_template_are_applied_and_a_bad_eos_token_names_the_fix():
+    """Alignment-handbook recipes give chat_template inline and eos_token by name (as TRL applies them)."""
+    from trainer import demo
+    from trainer.data.formats import Renderer, to_example
+    from trainer.jobs.launch import read_chat_template
+    from trainer.model.errors import ModelSourceError
+    from trainer.model.sources import set_eos_token
+
+    values = recipe("handbook-zephyr-7b-beta-sft-full.yaml")
+    assert read_chat_template(values["chat_template"]) == values["chat_template"]  # the text, not a file name
+    tok = demo.build_tokenizer()
+    set_eos_token(tok, "<|endoftext|>")
+    ids, _ = Renderer(tok, "completion_only").encode(to_example({"text": "ab"}, "r"))
+    assert tok.decode(ids) == "ab<|endoftext|>"  # TRL appends the eos_token to text records
+    with pytest.raises(ModelSourceError, match=r"--eos-token '<eos>': not a token of the tokenizer's vocabulary.*"
+                                               r"pass one of its special tokens"):
+        set_eos_token(tok, "<eos>")

@@ -171,6 +171,8 @@ class TrainConfig:
     eval_every: int = setting(0, "evaluate the loss on held-out data every N steps (0: never), packed as training "
                                  "is, on every worker", check=not_negative, trl=("eval_strategy", "eval_steps"),
                               result=False)
+    eval_each_epoch: bool = setting(False, "evaluate at the end of every epoch too (TRL: eval_strategy: epoch)",
+                                    trl=("eval_strategy",), result=False)
     eval_dataset: str | None = setting(None, "held-out data to evaluate (any --dataset location)",
                                        result=False, shown_default="--dataset's --eval-split")
     eval_split: str = setting("test", "split of --dataset evaluated when --eval-dataset is not given",
@@ -221,7 +223,10 @@ class TrainConfig:
     report_to: str = setting("tensorboard", "metrics backends, comma-separated: tensorboard, wandb, mlflow, or none "
                                             "(metrics.jsonl only)", check=_report_to, trl=("report_to",), result=False)
     checkpoint_every: int = setting(0, "save a sharded checkpoint every N steps (0: only at the end)",
-                                    check=not_negative, trl=("save_steps",), aliases=("save_every",), result=False)
+                                    check=not_negative, trl=("save_steps", "save_strategy"), aliases=("save_every",),
+                                    result=False)
+    checkpoint_each_epoch: bool = setting(False, "save a checkpoint at the end of every epoch too (TRL: "
+                                                 "save_strategy: epoch)", trl=("save_strategy",), result=False)
     num_to_keep: int = setting(2, "checkpoints Ray keeps in storage",
                                check=at_least(1, " (the latest checkpoint is needed to resume)"),
                                trl=("save_total_limit",), result=False)
@@ -289,7 +294,7 @@ class TrainConfig:
 
     @property
     def evaluates(self) -> bool:
-        return bool(self.eval_every or self.eval_on_start)
+        return bool(self.eval_every or self.eval_on_start or self.eval_each_epoch)
 
     @property
     def use_gpu(self) -> bool:

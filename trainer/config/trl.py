@@ -28,7 +28,7 @@ from trainer.data import mixture
 CONVERTED = frozenset({"num_train_epochs", "max_steps", "warmup_steps", "warmup_ratio", "lr_scheduler_type",
                        "output_dir", "report_to", "gradient_accumulation_steps", "lr_scheduler_kwargs",
                        "completion_only_loss", "assistant_only_loss", "dataset_mixture", "eval_strategy",
-                       "eval_steps"})
+                       "eval_steps", "save_strategy"})
 # key -> our field, from the declarations
 RENAMES = {key: name for name, f in FLAGS.items() for key in f.trl if key not in CONVERTED}
 
@@ -99,9 +99,6 @@ ACCEPTED: dict[str, tuple[Callable[..., bool], str, str]] = {
                 "must be true or false"),
     "logging_strategy": (_is("steps"), "metrics are logged every logging_steps steps",
                          "metrics are logged every logging_steps steps; use logging_strategy: steps"),
-    "save_strategy": (_is("steps", "no"), "checkpoints every save_steps steps (save_strategy: no: only at the end)",
-                      "checkpoints are saved every save_steps steps (or only at the end with save_strategy: no); "
-                      "use save_strategy: steps with save_steps: N"),
     "log_level": (lambda v: True, "log verbosity only", ""),
     "log_level_replica": (lambda v: True, "log verbosity only", ""),
     "log_on_each_node": (lambda v: True, "log verbosity only", ""),
@@ -264,8 +261,7 @@ def translate(values: Mapping[str, Any], source: str, ours: set[str],
         if key in ours and key not in hf:
             own[key] = value
     _renamed(hf, mapped, accepted, refuse)
-    if hf.get("save_strategy") == "no":  # transformers saves no checkpoint then; here only the final one
-        mapped["checkpoint_every"] = 0
+    _saving(hf, mapped, accepted, refuse)
     if hf.get("max_steps") == -1:
         accepted["max_steps"] = "-1: the run's length is num_train_epochs"
     _epochs_and_steps(hf, mapped, refuse)
@@ -341,6 +337,19 @@ def _epochs_and_steps(hf: dict, mapped: dict, refuse) -> None:
             refuse("num_train_epochs", "only whole epochs are supported; use max_steps for a partial epoch")
 
 
+def _saving(hf: dict, mapped: dict, accepted: dict, refuse) -> None:
+    """save_strategy: steps (every save_steps), epoch, or no (only the final checkpoint here; transformers: none)."""
+    strategy = hf.get("save_strategy", "steps")
+    if strategy == "steps":  # every save_steps: checkpoint_every
+        return
+    if strategy in ("no", "epoch"):
+        mapped["checkpoint_every"] = 0
+        mapped["checkpoint_each_epoch"] = strategy == "epoch"
+    else:
+        refuse("save_strategy", "checkpoints are saved every save_steps steps, every epoch, or only at the end: use "
+                                "save_strategy: steps, epoch or no")
+
+
 def _evaluation(hf: dict, mapped: dict, accepted: dict, refuse) -> None:
     """eval_strategy: steps evaluates every eval_steps (transformers: logging_steps when unset); 'no' never."""
     key = "eval_strategy"
@@ -349,12 +358,16 @@ def _evaluation(hf: dict, mapped: dict, accepted: dict, refuse) -> None:
         refuse("eval_steps", "must be a whole number of steps, at least 1 (a fraction of the run is not supported)")
     elif strategy == "steps":
         mapped["eval_every"] = every or hf.get("logging_steps", 10)
+    elif strategy == "epoch":
+        mapped["eval_each_epoch"] = True
+        if every is not None:
+            accepted["eval_steps"] = "used only when eval_strategy is steps"
     elif strategy == "no":
         accepted[key] = "evaluation is off"
         if every is not None:
             accepted["eval_steps"] = "used only when eval_strategy is steps"
     else:
-        refuse(key, "evaluation runs every eval_steps steps; use eval_strategy: steps with eval_steps: N (or 'no')")
+        refuse(key, "evaluation runs every eval_steps steps or every epoch: use eval_strategy: steps, epoch or no")
 
 
 def _warmup(hf: dict, mapped: dict, refuse) -> None:

@@ -260,7 +260,17 @@ def cache_key(data: DataSpec, source_fp: dict, tokenizer, seq_len: int) -> str:
     content = {k: v for k, v in source_fp.items() if not (k == "spec" and "files" in source_fp)}
     fp = {"v": FORMAT_VERSION, "tokenizer": tokenizer_fingerprint(tokenizer), "seq_len": seq_len,
           "text_field": data.text_field, "train_on": data.train_on, "overlong": data.overlong}
+    training = _training_template(tokenizer, data.train_on)
+    if training:  # TRL's training version of the template renders the conversations (present once TRL is)
+        fp["training_template"] = _digest(training, 12)
     return f"{_digest(content, 12)}-{_digest(fp, 12)}"
+
+
+def _training_template(tokenizer, train_on: str) -> str | None:
+    try:
+        return Renderer(tokenizer, train_on).training_template() if getattr(tokenizer, "chat_template", None) else None
+    except Exception:  # noqa: BLE001 - a tokenizer that cannot be asked renders with its own template
+        return None
 
 
 def _prune_stale(folder: Path, spec_key: str) -> None:

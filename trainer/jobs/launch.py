@@ -179,8 +179,12 @@ def _check_data(cfg: TrainConfig, tokenizer, dataset_fs: Any, info: dict, *, ful
         info["data"] = packed.meta
         info["notes"] += data_summary(packed.meta, cfg.overlong)
         if cfg.evaluates:  # the held-out rows, packed into the same cache the workers read
-            held_out = prepare(DataSpec.eval_from_config(cfg), tokenizer=tokenizer, seq_len=cfg.seq_len,
-                               cache_dir=cfg.resolved_cache_dir, storage_fs=dataset_fs)
+            try:
+                held_out = prepare(DataSpec.eval_from_config(cfg), tokenizer=tokenizer, seq_len=cfg.seq_len,
+                                   cache_dir=cfg.resolved_cache_dir, storage_fs=dataset_fs)
+            except DataError as e:
+                raise DataError(f"the held-out data to evaluate ({flag('eval_dataset')}, else the {flag('eval_split')} "
+                                f"{cfg.eval_split!r} of {flag('dataset')}): {e}") from None
             info["notes"].append(f"evaluation: {held_out.num_rows:,} packed rows every {cfg.eval_every} steps"
                                  if cfg.eval_every else f"evaluation: {held_out.num_rows:,} packed rows at the start")
         return

@@ -56,9 +56,10 @@ class Checkpointer:
         return self.storage.path(self.resumed_from) if self.resumed_from else None
 
     def due(self, done: int) -> bool:
-        """Every --checkpoint-every steps, and the last step."""
+        """Every --checkpoint-every steps, at each epoch's end with --checkpoint-each-epoch, and the last step."""
         every = self.cfg.checkpoint_every
-        return bool(every and done % every == 0) or done == self.total_steps
+        epoch_end = self.cfg.checkpoint_each_epoch and done % self.data.steps_per_epoch(self.cfg.global_batch_size) == 0
+        return bool(every and done % every == 0) or epoch_end or done == self.total_steps
 
     def report_wanted(self) -> bool:
         """Rank 0's vote on reporting this logging step's metrics to Ray (the ranks agree in the summary)."""

@@ -103,7 +103,8 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *, latest_checkpoint
         monitor.add(done, out, data_wait)
         if step == start:
             transport_check(cfg, env)
-        eval_now = bool(cfg.eval_every) and done % cfg.eval_every == 0
+        eval_now = bool(cfg.eval_every) and done % cfg.eval_every == 0 or \
+            cfg.eval_each_epoch and done % data.steps_per_epoch(gb) == 0
         log_now, save_now = done % cfg.log_every == 0 or done == steps or eval_now, checkpointer.due(done)
         if step == start or log_now or save_now:  # never log, save or export an unhealthy model
             monitor.check_health(done)
