@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.guards import nonempty
+from tests.trainer import architectures
 from trainer.jobs import plan
 from trainer.loop.parallel import plan_sharding
 from trainer.model import footprint as fp
@@ -303,3 +304,37 @@ def test_nf4_bytes_per_rank_are_torchao_s_own_sharded_by_fsdp2():
         assert nbytes(local) == fp.stored_bytes(param, "qlora", 4) == fp.nf4_bytes(512 * 1024 // 4)
     finally:
         dist.destroy_process_group()
+
+
+def _meta_shards(config, world: int) -> int:
+    """Elements rank 0 of `world` holds once FSDP2 shards the model as the trainer does (meta device: no memory)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from trainer.model.sharding import mixed_precision, shard_model
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    try:
+        model = shard_model(_meta(config), mixed_precision(False))
+        return sum(p.to_local().numel() for p in model.parameters())
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(("name", "tied"), architectures.CASES)
+def test_every_architecture_the_trainer_trains_gets_exact_bytes_per_rank(name, tied):
+    config = architectures.config(name, tied)
+    census = fp.census(config)
+    full = fp.footprint(census, "full", 3, seq_len=64)
+    assert full.params_bytes == 4 * _meta_shards(config, 3)
+    assert fp.footprint(census, "lora", 3, seq_len=64).trainable > 0  # every architecture has linears to adapt
+
+
+def test_an_architecture_the_trainer_cannot_shard_gets_no_plan_but_the_reason(tmp_path, capsys):
+    from transformers import T5Config
+
+    from trainer.__main__ import main as trainer
+
+    T5Config(vocab_size=128, d_model=32, num_layers=2, num_heads=4).save_pretrained(tmp_path / "t5")
+    assert trainer(["plan", "--model", str(tmp_path / "t5"), "--instance-type", "g6.12xlarge", "--nodes", "1"]) == 2
+    assert "--model: model_type 't5': transformers has no causal-LM class" in capsys.readouterr().err
