@@ -45,9 +45,10 @@ _REFUSED_BY_REASON = {
     "Ray Train sets up the process group (NCCL on GPU, gloo on CPU)": ("ddp_backend", "local_rank"),
     "packed rows are memory-mapped; there is no DataLoader": ("dataloader_num_workers", "dataloader_pin_memory"),
     "tokenization runs once per node in the worker": ("dataset_num_proc",),
-    "full fine-tuning only (no PEFT/LoRA)": ("use_peft", "lora_r", "lora_alpha", "lora_dropout",
-                                             "lora_target_modules"),
-    "full fine-tuning only (no quantization)": ("load_in_4bit", "load_in_8bit"),
+    "full fine-tuning only (no PEFT/LoRA yet; `python -m trainer plan` shows what LoRA would need per GPU)": (
+        "use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules"),
+    "full fine-tuning only (no quantization yet; `python -m trainer plan` shows what QLoRA would need per GPU)": (
+        "load_in_4bit", "load_in_8bit"),
     "kernels and compilation are chosen by this trainer": ("use_liger_kernel", "torch_compile"),
     "rows are always packed with per-document position ids": ("padding_free",),
     "packing is always best-fit decreasing, documents truncated to the sequence length": ("packing_strategy",),
