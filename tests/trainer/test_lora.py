@@ -106,3 +106,77 @@ def test_lora_under_fsdp2_on_two_ranks_is_peft_in_one_process(demo_assets, tmp_p
             torch.testing.assert_close(ours[name].grad, grad, rtol=1e-4, atol=1e-6, msg=f"step {step}: {name}")
         opt.step()
         opt.zero_grad(set_to_none=True)
+
+
+def _lora_cfg(demo_assets, tmp_path, name: str, **kw):
+    from trainer.config.flags import TrainConfig
+
+    return TrainConfig(model=str(demo_assets["model"]), dataset=str(demo_assets["train"]), seq_len=128,
+                       global_batch_size=4, num_workers=1, steps=4, log_every=1, checkpoint_every=2, progress=False,
+                       storage_path=str(tmp_path), run_name=name, cache_dir=str(tmp_path / "cache"),
+                       method="lora", lora_rank=RANK, lora_alpha=ALPHA, lora_dropout=0.1, report_to="none", **kw)
+
+
+def test_a_lora_run_exports_what_peft_loads_and_resumes_bit_exactly(process_group, demo_assets, tmp_path):
+    """The loop in-process on a one-rank gloo group: the adapter folder loads with peft onto the base and gives
+    the merged folder's logits; the merged folder is peft's merge_and_unload; a run killed after its step-2
+    checkpoint resumes to the same adapters as one that was not (dropout on: the RNG state resumes too)."""
+    import peft
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from trainer.loop.parallel import setup_parallel
+    from trainer.loop.run import InjectedFailure, run
+    from trainer.run_folder.export import ADAPTER_DIR, EXPORT_DIR
+    from trainer.storage import Storage
+
+    cfg = _lora_cfg(demo_assets, tmp_path, "straight")
+    run(cfg, setup_parallel(cfg, 0, 1, 0), Storage.from_uri(cfg.run_uri))
+    adapter_dir, merged_dir = tmp_path / "straight" / ADAPTER_DIR, tmp_path / "straight" / EXPORT_DIR
+    base = AutoModelForCausalLM.from_pretrained(str(demo_assets["model"]), dtype=torch.float32)
+    tuned = peft.PeftModel.from_pretrained(base, str(adapter_dir)).eval()
+    adapters = load_file(str(adapter_dir / "adapter_model.safetensors"))
+    assert any(v.abs().sum() > 0 for k, v in nonempty(list(adapters.items()), "adapters") if "lora_B" in k)
+    merged = AutoModelForCausalLM.from_pretrained(str(merged_dir), dtype=torch.float32).eval()
+    ids = _batch(base.config.vocab_size, seed=99)["input_ids"]
+    with torch.no_grad():
+        torch.testing.assert_close(merged(input_ids=ids).logits, tuned(input_ids=ids).logits, rtol=0.02, atol=0.02)
+        reference = {k: v.to(torch.bfloat16) for k, v in tuned.merge_and_unload().state_dict().items()}
+    exported = load_file(str(merged_dir / "model.safetensors"))
+    for key, value in nonempty(list(exported.items()), "exported weights"):
+        assert torch.equal(value, reference[key]), key
+
+    killed = _lora_cfg(demo_assets, tmp_path, "killed", fail_at_step=3)
+    with pytest.raises(InjectedFailure):
+        run(killed, setup_parallel(killed, 0, 1, 0), Storage.from_uri(killed.run_uri))
+    run(killed, setup_parallel(killed, 0, 1, 0), Storage.from_uri(killed.run_uri))
+    resumed = load_file(str(tmp_path / "killed" / ADAPTER_DIR / "adapter_model.safetensors"))
+    for key, value in nonempty(list(adapters.items()), "adapters"):
+        assert torch.equal(resumed[key], value), key
+
+
+def test_bad_lora_settings_are_refused_before_ray(demo_assets, tmp_path):
+    from trainer.config.flags import ConfigError, TrainConfig, validate
+    from trainer.jobs.launch import preflight
+
+    with pytest.raises(ConfigError, match=r"--lora-target-modules: LoRA target modules nope_proj match no linear"):
+        preflight(_lora_cfg(demo_assets, tmp_path, "bad", lora_target_modules="q_proj,nope_proj"))
+    with pytest.raises(ConfigError, match=r"--lora-rank \(lora_rank\) = 8: applies to --method lora"):
+        validate(TrainConfig(model="m", dataset="d", lora_rank=8))
+
+
+def test_a_bf16_frozen_base_shards_beside_fp32_adapters(process_group, demo_assets):
+    """What build does on GPU (the plan counts the base at 2 bytes): FSDP2 shards a bf16 frozen base and fp32
+    adapters in the same groups, and backward reaches every adapter (here on CPU, one gloo rank)."""
+    from trainer.model import adapters
+    from trainer.model.build import build_model
+
+    model = build_model(str(demo_assets["model"]), device=torch.device("cpu"), use_gpu=False,
+                        lora=dict(rank=RANK, alpha=ALPHA, frozen_dtype=torch.bfloat16))
+    _set_b(model, seed=5)
+    dtypes = {(p.requires_grad, p.dtype) for p in model.parameters()}
+    assert dtypes == {(False, torch.bfloat16), (True, torch.float32)}
+    model(**_batch(model.config.vocab_size, seed=1)).loss.backward()
+    grads = nonempty(list(adapters.adapter_parameters(model).values()), "adapters")
+    assert all(p.grad is not None and p.grad.to_local().abs().sum() > 0 for p in grads)
+    assert all(p.grad is None for p in nonempty([p for p in model.parameters() if not p.requires_grad], "frozen"))

@@ -17,7 +17,8 @@ from trainer.config.flags import FLAGS, REPORT_TO
 
 # keys read with their own rules below (units, precedence, lists); every other key a flag declares
 # under `trl=` (trainer.config.flags) is a plain rename with the same meaning and unit
-CONVERTED = frozenset({"num_train_epochs", "max_steps", "warmup_steps", "warmup_ratio", "lr_scheduler_type",
+CONVERTED = frozenset({"use_peft", "lora_target_modules",
+                       "num_train_epochs", "max_steps", "warmup_steps", "warmup_ratio", "lr_scheduler_type",
                        "output_dir", "report_to", "gradient_accumulation_steps", "lr_scheduler_kwargs",
                        "completion_only_loss", "assistant_only_loss"})
 # key -> our field, from the declarations
@@ -45,10 +46,9 @@ _REFUSED_BY_REASON = {
     "Ray Train sets up the process group (NCCL on GPU, gloo on CPU)": ("ddp_backend", "local_rank"),
     "packed rows are memory-mapped; there is no DataLoader": ("dataloader_num_workers", "dataloader_pin_memory"),
     "tokenization runs once per node in the worker": ("dataset_num_proc",),
-    "full fine-tuning only (no PEFT/LoRA yet; `python -m trainer plan` shows what LoRA would need per GPU)": (
-        "use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules"),
-    "full fine-tuning only (no quantization yet; `python -m trainer plan` shows what QLoRA would need per GPU)": (
-        "load_in_4bit", "load_in_8bit"),
+    "quantized training is not implemented yet (QLoRA is planned: `python -m trainer plan` shows what it needs per "
+    "GPU); use use_peft: true without it": ("load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type",
+                                            "use_bnb_nested_quant"),
     "kernels and compilation are chosen by this trainer": ("use_liger_kernel", "torch_compile"),
     "rows are always packed with per-document position ids": ("padding_free",),
     "packing is always best-fit decreasing, documents truncated to the sequence length": ("packing_strategy",),
@@ -78,7 +78,7 @@ REFUSED_VALUES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "dtype": (lambda v: v in ("bfloat16", "auto"), "parameters are bf16 on GPU, fp32 on CPU"),
     "torch_dtype": (lambda v: v in ("bfloat16", "auto"), "parameters are bf16 on GPU, fp32 on CPU"),
     "trust_remote_code": (lambda v: v is False, "models with custom code are not loaded (no trust_remote_code)"),
-    "use_peft": (lambda v: v is False, REFUSED["use_peft"]),
+
 }
 
 
@@ -117,8 +117,9 @@ def is_hf_key(name: str) -> bool:
         name in _training_argument_names()
 
 
-# names both trainers use, read with transformers' rules (a float warmup_steps below 1 is a ratio, report_to a list)
-SHARED_SEMANTICS = {"warmup_steps", "warmup_ratio", "report_to"}
+# names both trainers use, read with transformers' rules (a float warmup_steps below 1 is a ratio, report_to and
+# lora_target_modules a list)
+SHARED_SEMANTICS = {"warmup_steps", "warmup_ratio", "report_to", "lora_target_modules"}
 
 
 def translate(values: Mapping[str, Any], source: str, ours: set[str],
@@ -140,6 +141,7 @@ def translate(values: Mapping[str, Any], source: str, ours: set[str],
     _warmup(hf, mapped, refuse)
     _schedule(hf, mapped, refuse)
     _loss_mask(hf, mapped, refuse)
+    _peft(hf, mapped, refuse)
     if "output_dir" in hf:
         mapped["out"] = hf["output_dir"]
     if "report_to" in hf:
@@ -163,6 +165,24 @@ def _renamed(hf: dict, mapped: dict, refuse) -> None:
             refuse(key, REFUSED[key])
         elif key not in CONVERTED:
             refuse(key, "a transformers TrainingArguments option with no counterpart in this trainer")
+
+
+def _peft(hf: dict, mapped: dict, refuse) -> None:
+    """TRL's use_peft (LoRA through peft) as --method, its lora_target_modules (a name, a list, all-linear) as text."""
+    if "use_peft" in hf:
+        if not isinstance(hf["use_peft"], bool):
+            refuse("use_peft", "must be true or false")
+        else:
+            mapped["method"] = "lora" if hf["use_peft"] else "full"
+    if "lora_target_modules" in hf:
+        value = hf["lora_target_modules"]
+        items = value if isinstance(value, list) else [value]
+        if value is None:  # unset (a job's own YAML writes it so): every linear layer of the decoder layers
+            mapped["lora_target_modules"] = None
+        elif not items or not all(isinstance(v, str) for v in items):
+            refuse("lora_target_modules", "expected a module name, a list of them, or all-linear")
+        else:
+            mapped["lora_target_modules"] = ",".join(items)
 
 
 def _gradient_accumulation(hf: dict, mapped: dict, refuse) -> None:

@@ -295,10 +295,11 @@ def run_refusal(cfg: Any, config: Any) -> tuple[str | None, dict[str, Any] | Non
     auto = cfg.micro_batch_auto
     try:
         plan = make_plan(config, target, seq_len=cfg.seq_len, global_batch=cfg.global_batch_size,
-                         micro_batch=1 if auto else int(cfg.micro_batch_size),
+                         micro_batch=1 if auto else int(cfg.micro_batch_size), lora_rank=cfg.lora_rank,
+                         targets=cfg.lora_targets,
                          checkpointing=True if cfg.activation_checkpointing else (None if auto else False),
                          sharding=cfg.sharding)
     except Exception as e:  # noqa: BLE001 - a shape the arithmetic cannot read: the micro-batch probe still measures
         log.warning("no memory plan for this model (%s: %s); the GPU probe measures it at the start", type(e).__name__, e)
         return None, None
-    return refusal(plan, "full"), plan
+    return refusal(plan, cfg.method), plan

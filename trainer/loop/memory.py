@@ -104,7 +104,8 @@ def choose_micro_batch(model, optimizer: torch.optim.Optimizer, *, rows: int, se
         raise ValueError(f"ranks_per_host = {ranks_per_host}: must be at least 1 (the ranks sharing this host)")
     impl = loss_path(model, resolve_loss(loss, device))  # the loop checks it first (check_loss_path)
     checkpointed = bool(getattr(model, "is_gradient_checkpointing", False))
-    local_params = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.parameters())
+    local_params = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.parameters()
+                       if p.requires_grad)  # only what trains gets optimizer state (LoRA: the adapters)
     states = 0 if optimizer.state else 8 * local_params
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)

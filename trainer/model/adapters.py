@@ -9,7 +9,8 @@ checkpoint's own names while it reads the base, and `init_adapters` then sets th
 does (A: Kaiming-uniform, B: zeros, so the adapted model starts as the base), from one seeded full
 tensor per matrix, so every world size starts from the same adapters.
 
-Not wired to the command line yet (issue 24): the plan (trainer.model.footprint) counts these adapters.
+`--method lora` (trainer.config.flags) turns it on; the export merges the adapters into the base
+(`merged`, as peft's merge_and_unload) and writes them as a peft adapter folder (`peft_state`).
 """
 
 from __future__ import annotations
@@ -33,8 +34,10 @@ def block_linears(model: nn.Module) -> list[str]:
 
 
 def apply_lora(model: nn.Module, *, rank: int, alpha: float, dropout: float = 0.0,
-               targets: tuple[str, ...] | None = None) -> list[str]:
-    """Inject peft's LoRA layers (on the model's device, the meta device in build) and freeze the rest.
+               targets: tuple[str, ...] | None = None, frozen_dtype: torch.dtype | None = None) -> list[str]:
+    """Inject peft's LoRA layers (on the model's device, the meta device in build) and freeze the rest, stored in
+    `frozen_dtype` when given (bf16 on GPU: the base needs no fp32 master copy; the adapters stay fp32, and FSDP2
+    asks a uniform dtype of the trained parameters only).
 
     Returns the targeted module names; ValueError when a target matches no linear of the blocks."""
     from peft import LoraConfig, inject_adapter_in_model
@@ -53,6 +56,8 @@ def apply_lora(model: nn.Module, *, rank: int, alpha: float, dropout: float = 0.
         inject_adapter_in_model(config, model)
     for name, p in model.named_parameters():
         p.requires_grad_(".lora_" in name)
+        if frozen_dtype is not None and not p.requires_grad:
+            p.data = p.data.to(frozen_dtype)
     return chosen
 
 
@@ -99,3 +104,45 @@ def init_adapters(model: nn.Module, seed: int) -> None:
                 full.uniform_(-bound, bound, generator=generator)
             local = p.to_local() if hasattr(p, "to_local") else p
             local.copy_(_local_rows(full, p))
+
+
+def check_targets(config, targets: tuple[str, ...] | None) -> list[str]:
+    """The pre-flight: the adapters' modules on the meta device; ValueError naming the model's linears otherwise."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return apply_lora(model, rank=1, alpha=1.0, targets=targets)
+
+
+def scaling(lora: dict) -> float:
+    return lora["alpha"] / lora["rank"]
+
+
+def merged(state: dict[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
+    """The full state dict with each adapter merged into its base weight (W + scale x B @ A, as peft's
+    merge_and_unload computes it) under the checkpoint's own names, adapters dropped."""
+    out = {}
+    for key, value in state.items():
+        if ".lora_" in key:
+            continue
+        if ".base_layer." in key:
+            stem = key.split(".base_layer.")[0]
+            a, b = state.get(f"{stem}.lora_A.{ADAPTER}.weight"), state.get(f"{stem}.lora_B.{ADAPTER}.weight")
+            if a is not None and key.endswith(".weight"):
+                value = value + (b @ a) * scale
+            key = key.replace(".base_layer.", ".")
+        out[key] = value
+    return out
+
+
+def peft_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The adapters under the names peft's save_pretrained writes (PeftModel.from_pretrained reads them)."""
+    return {"base_model.model." + k.replace(f".{ADAPTER}.", "."): v for k, v in state.items() if ".lora_" in k}
+
+
+def peft_config(lora: dict, targets: list[str], source: str | None):
+    from peft import LoraConfig
+
+    return LoraConfig(r=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"], target_modules=targets,
+                      task_type="CAUSAL_LM", base_model_name_or_path=source)

@@ -160,7 +160,7 @@ def build_model(
             log.warning("Liger kernels not applied (%s: %s); using transformers' modules", type(e).__name__, e)
             model = on_meta()
     if lora:  # peft's LoRA layers on the meta model, sharded with their layer (trainer.model.adapters)
-        adapters.apply_lora(model, **lora)
+        adapters.apply_lora(model, **{"frozen_dtype": torch.bfloat16 if use_gpu else None, **lora})
     if activation_checkpointing:
         enable_activation_checkpointing(model)
     if compile:
