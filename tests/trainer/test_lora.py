@@ -1,4 +1,5 @@
-"""LoRA through peft under FSDP2 (trainer.model.adapters): two gloo ranks against one process of peft itself."""
+"""LoRA through peft under FSDP2 (trainer.model.adapters): two gloo ranks against one process of peft itself; the
+same two ranks resume from object storage fetching only their share (trainer.run_folder.checkpoint)."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def _lora_worker(rank: int, world: int, port: int, model_dir: str, out_dir: str)
                             lora=dict(rank=RANK, alpha=ALPHA))
         _set_b(model, seed=5)
         start = {n: p.full_tensor().clone() for n, p in model.named_parameters()}
-        opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+        opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5, momentum=0.9)
         losses, grads = [], []
         for step in range(2):
             loss = model(**_batch(model.config.vocab_size, seed=10 * step + rank)).loss
@@ -59,22 +60,49 @@ def _lora_worker(rank: int, world: int, port: int, model_dir: str, out_dir: str)
             opt.step()
             opt.zero_grad(set_to_none=True)
         end = {n: p.full_tensor().clone() for n, p in model.named_parameters()}
-        if rank == 0:
-            torch.save({"start": start, "end": end, "losses": losses, "grads": grads, "frozen_grads": frozen_grads},
-                       os.path.join(out_dir, "fsdp.pt"))
+        share = _resume_share(rank, model, opt, model_dir, out_dir)
+        torch.save({"start": start, "end": end, "losses": losses, "grads": grads, "frozen_grads": frozen_grads,
+                    **share}, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
 
+def _resume_share(rank: int, model, opt, model_dir: str, out_dir: str) -> dict:
+    """Save the sharded run to object storage (a non-local filesystem) and resume a fresh model from what this
+    rank fetches: its bytes on disk per file, and whether weights and optimizer state came back bit for bit."""
+    import pyarrow.fs as pafs
+
+    from trainer.model.build import build_model
+    from trainer.run_folder import checkpoint as ckpt
+    from trainer.storage import Storage
+
+    remote = Storage(pafs.SubTreeFileSystem(out_dir, pafs.LocalFileSystem()), "run")
+    ckpt.save(remote, 2, model, opt, None, {"epoch": 0, "row": 0})
+    name = ckpt.dir_name(2)
+    with ckpt._rank_copy(remote, name, model, opt) as folder:
+        # bytes on disk (st_blocks): a sparse file takes only what was written into it
+        fetched = {p.relative_to(folder).as_posix(): p.stat().st_blocks * 512 for p in folder.rglob("*") if p.is_file()}
+    fresh = build_model(model_dir, device=torch.device("cpu"), use_gpu=False, seed=4, lora=dict(rank=RANK, alpha=ALPHA))
+    fresh_opt = torch.optim.SGD([p for p in fresh.parameters() if p.requires_grad], lr=0.5, momentum=0.9)
+    ckpt.load(remote, name, fresh, fresh_opt, None)
+    same = all(torch.equal(a.to_local(), b.to_local())
+               for a, b in zip(model.parameters(), fresh.parameters(), strict=True))
+    moments = [(s["momentum_buffer"].to_local(), fresh_opt.state[q]["momentum_buffer"].to_local())
+               for (_, s), q in zip(opt.state.items(), [p for p in fresh.parameters() if p.requires_grad], strict=True)]
+    return {"fetched": fetched, "same": same, "same_moments": bool(moments) and all(torch.equal(a, b) for a, b in moments)}
+
+
 def test_lora_under_fsdp2_on_two_ranks_is_peft_in_one_process(demo_assets, tmp_path):
-    """Two real gloo ranks (FSDP2's sharded adapters and gradient reduction need a 2-rank world): the same loss
-    and adapter gradients per step as peft's own model on one process; frozen weights get no gradient and stay."""
+    """Two real gloo ranks (FSDP2's sharded adapters and gradient reduction, DCP's per-rank files, need a 2-rank
+    world): the same loss and adapter gradients per step as peft's own model on one process; frozen weights get
+    no gradient and stay; the run resumes from object storage with each rank fetching only its share."""
     import peft
     from transformers import AutoModelForCausalLM
 
     mp.start_processes(_lora_worker, args=(2, free_port(), str(demo_assets["model"]), str(tmp_path)),
                        nprocs=2, join=True, start_method="spawn")
-    res = torch.load(tmp_path / "fsdp.pt")
+    _check_resume_share(tmp_path)
+    res = torch.load(tmp_path / "rank0.pt")
     assert res["frozen_grads"] == []
     adapters_start = {n: t for n, t in res["start"].items() if ".lora_" in n}
     assert len(nonempty(list(adapters_start), "adapters")) == 2 * 7 * 2  # A and B on 7 linears x 2 layers
@@ -96,7 +124,7 @@ def test_lora_under_fsdp2_on_two_ranks_is_peft_in_one_process(demo_assets, tmp_p
                 ours[name].copy_(t)
             else:
                 torch.testing.assert_close(ours.get(name, ours.get(key)), t, rtol=0, atol=0, msg=name)
-    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5, momentum=0.9)
     for step in range(2):
         pair = [model(**_batch(base.config.vocab_size, seed=10 * step + r)).loss for r in range(2)]
         loss = (pair[0] + pair[1]) / 2
@@ -106,6 +134,27 @@ def test_lora_under_fsdp2_on_two_ranks_is_peft_in_one_process(demo_assets, tmp_p
             torch.testing.assert_close(ours[name].grad, grad, rtol=1e-4, atol=1e-6, msg=f"step {step}: {name}")
         opt.step()
         opt.zero_grad(set_to_none=True)
+
+
+def _check_resume_share(tmp_path) -> None:
+    """Resuming from object storage: each rank fetched the metadata, the train state, its own RNG file and the
+    byte ranges its pieces are in (about all of its own shard file, a few blocks of the other's), not the whole
+    checkpoint, and came back bit for bit."""
+    from trainer.run_folder import checkpoint as ckpt
+
+    folder = tmp_path / "run" / ckpt.dir_name(2)
+    saved = {p.relative_to(folder).as_posix(): p.stat().st_size for p in folder.rglob("*") if p.is_file()}
+    shards = nonempty(sorted(f for f in saved if f.endswith(".distcp")), "shard files")
+    assert len(shards) == 2 and min(saved[f] for f in shards) > 50_000, saved
+    for r in (0, 1):
+        res = torch.load(tmp_path / f"rank{r}.pt")
+        fetched = res["fetched"]
+        assert res["same"] and res["same_moments"], r  # weights and optimizer state, bit for bit
+        assert f"rng/rank_{r}.pt" in fetched and f"rng/rank_{1 - r}.pt" not in fetched
+        assert {".metadata", ckpt.MARKER, ckpt.TRAIN_STATE} <= set(fetched)
+        own, other = f"__{r}_0.distcp", f"__{1 - r}_0.distcp"
+        assert fetched[own] >= saved[own] * 0.9, (r, fetched, saved)
+        assert fetched.get(other, 0) <= saved[other] * 0.1, (r, fetched, saved)
 
 
 def _lora_cfg(demo_assets, tmp_path, name: str, **kw):
