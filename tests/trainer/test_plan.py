@@ -3,6 +3,7 @@ the reference shapes against a written-out arithmetic, the "Done when" numbers, 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -235,6 +236,8 @@ def test_the_workers_weigh_a_node_s_memory_before_hybrid_sharding():
     assert float(why.split()[0]) > 29.9 and "over one node's 4 GPUs, 20.12 GiB usable" in why
     assert node_memory_problem(cfg, _tiny("qwen2-tied"), 8, hosts) is None
     assert node_memory_problem(cfg, plan.shape_config("llama-3.1-8b"), 8, ["a"] * 8) is None  # one node: no hybrid
+    lora = dataclasses.replace(cfg, method="lora")  # a bf16 base and its adapters fit one node's 4 L4s
+    assert node_memory_problem(lora, plan.shape_config("llama-3.1-8b"), 8, hosts) is None
 
 
 DOC_TARGETS = [(name, t, n) for t, n in (("g6.12xlarge", 2), ("p5.48xlarge", 1)) for name in plan.SHAPES]

@@ -162,8 +162,9 @@ def planned(cfg: TrainConfig, model: torch.nn.Module, env: WorkerEnv, micro_batc
     """What the memory plan (trainer.model.footprint) predicts for this rank: recorded beside the measured peak."""
     try:
         ranks = env.local_world_size if env.collectives.replicated else env.world_size
-        f = footprint.footprint(footprint.census(model.config), "full", ranks, seq_len=cfg.seq_len,
-                                micro_batch=micro_batch, activation_checkpointing=checkpointed)
+        f = footprint.footprint(footprint.census(model.config), cfg.method, ranks, seq_len=cfg.seq_len,
+                                micro_batch=micro_batch, activation_checkpointing=checkpointed,
+                                lora_rank=cfg.lora_rank, targets=cfg.lora_targets)
     except Exception:  # noqa: BLE001 - an architecture the plan cannot read: the measured numbers alone
         return None
     return {"gib_per_gpu": round(f.peak_bytes / footprint.GIB, 3), "states_gib": round(f.states_bytes / footprint.GIB, 3),
