@@ -243,14 +243,14 @@ def test_transformers_semantics_of_the_trl_keys(tmp_path, text, want):
 
 def test_trl_keys_that_do_not_apply_are_refused_each_with_its_reason(tmp_path):
     f = tmp_path / "sft.yaml"
-    f.write_text("packing: false\nbf16: false\nfp16: true\neval_strategy: best\nuse_peft: true\n"
+    f.write_text("packing: false\nbf16: false\nfp16: true\neval_strategy: best\nload_in_4bit: true\n"
                  "lr_scheduler_type: polynomial\nnum_train_epochs: 1.5\noptim: sgd\npush_to_hub: true\n"
                  "report_to: all\nhub_private_repo: true\ndeepspeed: ds.json\ntorch_empty_cache_steps: 10\n")
     with pytest.raises(ConfigError) as e:
         parse(["--config", str(f), *BASE])
     by_key = {p.split("key ", 1)[1].split(" ", 1)[0].strip("':"): p for p in e.value.problems}
     reasons = {"packing": "always packed", "bf16": "bf16 parameters on GPU", "fp16": "fp16 is not supported",
-               "eval_strategy": "use eval_strategy: steps, epoch or no", "use_peft": "full fine-tuning only",
+               "eval_strategy": "use eval_strategy: steps, epoch or no", "load_in_4bit": "quantized training is not implemented yet",
                "lr_scheduler_type": "supported: cosine, linear, constant", "num_train_epochs": "whole epochs",
                "optim": "AdamW", "push_to_hub": "upload the exported folder yourself",
                "report_to:": "name the backends", "hub_private_repo": "set push_to_hub: false", "deepspeed": "FSDP2",
@@ -427,3 +427,18 @@ def test_a_config_file_naming_the_storage_chooses_it_as_a_flag_would(tmp_path):
     assert not storage_chosen(argparse.Namespace(config=str(other)), {})
     assert not storage_chosen(argparse.Namespace(config=None), {})
     assert storage_chosen(argparse.Namespace(config=None), {"out": "runs/x"})
+
+
+def test_trl_s_peft_keys_set_the_lora_flags(tmp_path):
+    f = tmp_path / "sft.yaml"
+    f.write_text("use_peft: true\nlora_r: 8\nlora_alpha: 16\nlora_dropout: 0.0\n"
+                 "lora_target_modules: [q_proj, v_proj]\n")
+    cfg = parse(["--config", str(f), *BASE])
+    assert (cfg.method, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout) == ("lora", 8, 16, 0.0)
+    assert cfg.lora_targets == ("q_proj", "v_proj") and cfg.lora["targets"] == ("q_proj", "v_proj")
+    f.write_text("use_peft: false\nlora_r: 8\n")
+    with pytest.raises(ConfigError, match=r"--lora-rank \(lora_rank\) = 8: applies to --method lora"):
+        parse(["--config", str(f), *BASE])
+    f.write_text("use_peft: yes please\n")
+    with pytest.raises(ConfigError, match="use_peft.*must be true or false"):
+        parse(["--config", str(f), *BASE])

@@ -3,12 +3,14 @@ the reference shapes against a written-out arithmetic, the "Done when" numbers, 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 import torch
 
 from tests.guards import nonempty
+from tests.trainer import architectures
 from trainer.jobs import plan
 from trainer.loop.parallel import plan_sharding
 from trainer.model import footprint as fp
@@ -79,7 +81,7 @@ def test_plan_bytes_per_rank_are_the_real_fsdp2_shards_of_a_tiny_model(kind):
     assert (planned.params_bytes, planned.grads_bytes, planned.optimizer_bytes) == (
         real["params"], real["grads"], real["optimizer"])
     # rank 0 holds the largest piece: the last rank holds less of the rows that do not divide by 3
-    assert _real_shards(config, world - 1, world)["local_params"] < real["local_params"]
+    assert _meta_shards(config, world, rank=world - 1) < real["local_params"] == _meta_shards(config, world)
     assert planned.trainable == census.total == sum(p.numel() for p in _meta(config).parameters())
 
 
@@ -234,6 +236,8 @@ def test_the_workers_weigh_a_node_s_memory_before_hybrid_sharding():
     assert float(why.split()[0]) > 29.9 and "over one node's 4 GPUs, 20.12 GiB usable" in why
     assert node_memory_problem(cfg, _tiny("qwen2-tied"), 8, hosts) is None
     assert node_memory_problem(cfg, plan.shape_config("llama-3.1-8b"), 8, ["a"] * 8) is None  # one node: no hybrid
+    lora = dataclasses.replace(cfg, method="lora")  # a bf16 base and its adapters fit one node's 4 L4s
+    assert node_memory_problem(lora, plan.shape_config("llama-3.1-8b"), 8, hosts) is None
 
 
 DOC_TARGETS = [(name, t, n) for t, n in (("g6.12xlarge", 2), ("p5.48xlarge", 1)) for name in plan.SHAPES]
@@ -303,3 +307,37 @@ def test_nf4_bytes_per_rank_are_torchao_s_own_sharded_by_fsdp2():
         assert nbytes(local) == fp.stored_bytes(param, "qlora", 4) == fp.nf4_bytes(512 * 1024 // 4)
     finally:
         dist.destroy_process_group()
+
+
+def _meta_shards(config, world: int, rank: int = 0) -> int:
+    """Elements `rank` of `world` holds once FSDP2 shards the model as the trainer does (meta device: no memory)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from trainer.model.sharding import mixed_precision, shard_model
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    try:
+        model = shard_model(_meta(config), mixed_precision(False))
+        return sum(p.to_local().numel() for p in model.parameters())
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(("name", "tied"), architectures.CASES)
+def test_every_architecture_the_trainer_trains_gets_exact_bytes_per_rank(name, tied):
+    config = architectures.config(name, tied)
+    census = fp.census(config)
+    full = fp.footprint(census, "full", 3, seq_len=64)
+    assert full.params_bytes == 4 * _meta_shards(config, 3)
+    assert fp.footprint(census, "lora", 3, seq_len=64).trainable > 0  # every architecture has linears to adapt
+
+
+def test_an_architecture_the_trainer_cannot_shard_gets_no_plan_but_the_reason(tmp_path, capsys):
+    from transformers import T5Config
+
+    from trainer.__main__ import main as trainer
+
+    T5Config(vocab_size=128, d_model=32, num_layers=2, num_heads=4).save_pretrained(tmp_path / "t5")
+    assert trainer(["plan", "--model", str(tmp_path / "t5"), "--instance-type", "g6.12xlarge", "--nodes", "1"]) == 2
+    assert "--model: model_type 't5': transformers has no causal-LM class" in capsys.readouterr().err

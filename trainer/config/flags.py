@@ -275,6 +275,20 @@ class TrainConfig:
                                check=_pool, result=False,
                                shown_default="unset (any node); `submit --stack`: required when the stack has "
                                              "several GPU pools")
+    method: str = setting("full", "what trains: full (every weight) or lora (peft's LoRA adapters on the decoder "
+                                  "layers' linear layers, the base frozen; checkpoints hold the whole model, the "
+                                  "export adds an adapter folder); qlora is planned (python -m trainer plan), not "
+                                  "trained yet", choices=("full", "lora"), trl=("use_peft",))
+    lora_rank: int = setting(16, "LoRA rank (--method lora)", check=at_least(1), trl=("lora_r",))
+    lora_alpha: float = setting(32.0, "LoRA scale numerator: the adapters' product is scaled by lora_alpha / "
+                                      "lora_rank (--method lora)", check=positive, trl=("lora_alpha",))
+    lora_dropout: float = setting(0.05, "dropout on the adapters' input (--method lora)",
+                                  check=lambda v: None if 0.0 <= v < 1.0 else "must be at least 0 and below 1",
+                                  trl=("lora_dropout",))
+    lora_target_modules: str | None = setting(None, "comma-separated module names of the decoder layers' linear "
+                                                    "layers that get adapters, e.g. q_proj,v_proj (--method lora)",
+                                              trl=("lora_target_modules",),
+                                              shown_default="every linear layer of the decoder layers (all-linear)")
     random_init: bool = setting(False, "train from the config's random initialisation instead of the model's "
                                        "weights (a model without weight files is an error otherwise)")
     resume_anyway: bool = setting(False, "continue a run whose folder holds a run started with other settings, "
@@ -295,6 +309,20 @@ class TrainConfig:
     @property
     def evaluates(self) -> bool:
         return bool(self.eval_every or self.eval_on_start or self.eval_each_epoch)
+
+    @property
+    def lora_targets(self) -> tuple[str, ...] | None:
+        """--lora-target-modules as names; None: every linear layer of the decoder layers."""
+        names = [n.strip() for n in (self.lora_target_modules or "").split(",") if n.strip()]
+        return None if not names or names == ["all-linear"] else tuple(names)
+
+    @property
+    def lora(self) -> dict | None:
+        """trainer.model.adapters.apply_lora's arguments with --method lora; None for a full fine-tune."""
+        if self.method != "lora":
+            return None
+        return {"rank": self.lora_rank, "alpha": self.lora_alpha, "dropout": self.lora_dropout,
+                "targets": self.lora_targets}
 
     @property
     def use_gpu(self) -> bool:
@@ -498,6 +526,11 @@ def _across(cfg: TrainConfig, bad: set[str], add: Callable[[str, str], None], pr
             add("shard_size", "applies to hybrid sharding; pass --sharding hybrid or drop --shard-size")
         elif "num_workers" not in bad and cfg.num_workers % cfg.shard_size:
             add("shard_size", f"must divide {flag('num_workers')} = {cfg.num_workers} (replicas x shard size)")
+    if cfg.method == "full":
+        given = [name for name in ("lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules")
+                 if getattr(cfg, name) != declared_default(next(f for f in fields(cfg) if f.name == name))]
+        for name in given:
+            add(name, "applies to --method lora; pass --method lora or drop it")
     if cfg.steps and cfg.warmup_steps >= cfg.steps > 1:
         problems.append(f"{flag('warmup_steps')} = {cfg.warmup_steps} must be below {flag('steps')} = {cfg.steps}")
 

@@ -25,7 +25,8 @@ from trainer.data import mixture
 
 # keys read with their own rules below (units, precedence, lists); every other key a flag declares
 # under `trl=` (trainer.config.flags) is a plain rename with the same meaning and unit
-CONVERTED = frozenset({"num_train_epochs", "max_steps", "warmup_steps", "warmup_ratio", "lr_scheduler_type",
+CONVERTED = frozenset({"use_peft", "lora_target_modules",
+                       "num_train_epochs", "max_steps", "warmup_steps", "warmup_ratio", "lr_scheduler_type",
                        "output_dir", "report_to", "gradient_accumulation_steps", "lr_scheduler_kwargs",
                        "completion_only_loss", "assistant_only_loss", "dataset_mixture", "eval_strategy",
                        "eval_steps", "save_strategy"})
@@ -53,9 +54,9 @@ _REFUSED_BY_REASON = {
     "sharding is FSDP2, set up by this trainer (--sharding)": ("deepspeed", "fsdp", "fsdp_config"),
     "Ray Train sets up the process group (NCCL on GPU, gloo on CPU)": ("ddp_backend", "local_rank"),
     "packed rows are memory-mapped; there is no DataLoader": ("dataloader_num_workers", "dataloader_pin_memory"),
-    "full fine-tuning only (no PEFT/LoRA)": ("use_peft", "lora_r", "lora_alpha", "lora_dropout",
-                                             "lora_target_modules"),
-    "full fine-tuning only (no quantization)": ("load_in_4bit", "load_in_8bit"),
+    "quantized training is not implemented yet (QLoRA is planned: `python -m trainer plan` shows what it needs per "
+    "GPU); use use_peft: true without it": ("load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type",
+                                            "use_bnb_nested_quant"),
     "compilation is chosen by this trainer": ("torch_compile",),
     "rows are always packed with per-document position ids": ("padding_free",),
     "documents are always truncated at the end (keep_start)": ("truncation_mode",),
@@ -134,7 +135,6 @@ ACCEPTED: dict[str, tuple[Callable[..., bool], str, str]] = {
     "optim": (_is("adamw_torch", "adamw_torch_fused"), "the optimizer is AdamW (fused on GPU)", REFUSED["optim"]),
     "trust_remote_code": (_is(False), "no custom model code is run",
                           "models with custom code are not loaded (no trust_remote_code); set it false or remove it"),
-    "use_peft": (_is(False), "full fine-tuning", REFUSED["use_peft"]),
     "load_best_model_at_end": (_is(False), "the last checkpoint is exported", REFUSED["load_best_model_at_end"]),
 }
 
@@ -240,8 +240,9 @@ def is_hf_key(name: str) -> bool:
         name in _training_argument_names() or name in _sft_names()
 
 
-# names both trainers use, read with transformers' rules (a float warmup_steps below 1 is a ratio, report_to a list)
-SHARED_SEMANTICS = {"warmup_steps", "warmup_ratio", "report_to"}
+# names both trainers use, read with transformers' rules (a float warmup_steps below 1 is a ratio, report_to and
+# lora_target_modules a list)
+SHARED_SEMANTICS = {"warmup_steps", "warmup_ratio", "report_to", "lora_target_modules"}
 
 
 def translate(values: Mapping[str, Any], source: str, ours: set[str],
@@ -274,6 +275,7 @@ def translate(values: Mapping[str, Any], source: str, ours: set[str],
             mapped["dataset"] = mixture.spec(hf["dataset_mixture"])
         except ValueError as e:
             refuse("dataset_mixture", f"{e} (alignment-handbook's dataset_mixture)")
+    _peft(hf, mapped, refuse)
     if "output_dir" in hf:
         mapped["out"] = hf["output_dir"]
     if "report_to" in hf:
@@ -300,6 +302,24 @@ def _renamed(hf: dict, mapped: dict, accepted: dict, refuse) -> None:
             refuse(key, REFUSED[key])
         elif key not in CONVERTED:
             refuse(key, "a TRL/transformers option with no counterpart in this trainer")
+
+
+def _peft(hf: dict, mapped: dict, refuse) -> None:
+    """TRL's use_peft (LoRA through peft) as --method, its lora_target_modules (a name, a list, all-linear) as text."""
+    if "use_peft" in hf:
+        if not isinstance(hf["use_peft"], bool):
+            refuse("use_peft", "must be true or false")
+        else:
+            mapped["method"] = "lora" if hf["use_peft"] else "full"
+    if "lora_target_modules" in hf:
+        value = hf["lora_target_modules"]
+        items = value if isinstance(value, list) else [value]
+        if value is None:  # unset (a job's own YAML writes it so): every linear layer of the decoder layers
+            mapped["lora_target_modules"] = None
+        elif not items or not all(isinstance(v, str) for v in items):
+            refuse("lora_target_modules", "expected a module name, a list of them, or all-linear")
+        else:
+            mapped["lora_target_modules"] = ",".join(items)
 
 
 def _gradient_accumulation(hf: dict, mapped: dict, refuse) -> None:

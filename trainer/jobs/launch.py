@@ -33,6 +33,7 @@ from trainer.jobs.failures import failure_summary, retryable, user_error
 from trainer.jobs.plan import run_refusal
 from trainer.loop.metrics import credential_problems, missing_backends
 from trainer.loop.run import CHAT_TEMPLATE_KEY, train_func
+from trainer.model import adapters
 from trainer.model.build import check_architecture
 from trainer.model.errors import ModelSourceError
 from trainer.model.sources import check_weights, read_model_config, set_eos_token, tokenizer_only
@@ -153,6 +154,11 @@ def _check_model(cfg: TrainConfig, fs_for: Callable[[str], Any], info: dict, pro
             problems.append(f"{flag('seq_len')} = {cfg.seq_len} exceeds the model's maximum sequence length "
                             f"(max_position_embeddings = {limit}); use --seq-len {limit} or less")
         info["decoder_layers"] = len(check_architecture(mcfg).layers)  # on the meta device: shardable?
+        if cfg.lora:
+            try:
+                info["lora_targets"] = adapters.check_targets(mcfg, cfg.lora_targets)
+            except ValueError as e:
+                problems.append(f"{flag('lora_target_modules')}: {e}")
         too_big, info["plan"] = run_refusal(cfg, mcfg)  # GPU memory per worker, before any GPU is paid for
         if too_big:
             problems.append(f"{flag('model')} {cfg.model}: {too_big}")

@@ -104,7 +104,8 @@ def choose_micro_batch(model, optimizer: torch.optim.Optimizer, *, rows: int, se
         raise ValueError(f"ranks_per_host = {ranks_per_host}: must be at least 1 (the ranks sharing this host)")
     impl = loss_path(model, resolve_loss(loss, device))  # the loop checks it first (check_loss_path)
     checkpointed = bool(getattr(model, "is_gradient_checkpointing", False))
-    local_params = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.parameters())
+    local_params = sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel() for p in model.parameters()
+                       if p.requires_grad)  # only what trains gets optimizer state (LoRA: the adapters)
     states = 0 if optimizer.state else 8 * local_params
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
@@ -161,8 +162,9 @@ def planned(cfg: TrainConfig, model: torch.nn.Module, env: WorkerEnv, micro_batc
     """What the memory plan (trainer.model.footprint) predicts for this rank: recorded beside the measured peak."""
     try:
         ranks = env.local_world_size if env.collectives.replicated else env.world_size
-        f = footprint.footprint(footprint.census(model.config), "full", ranks, seq_len=cfg.seq_len,
-                                micro_batch=micro_batch, activation_checkpointing=checkpointed)
+        f = footprint.footprint(footprint.census(model.config), cfg.method, ranks, seq_len=cfg.seq_len,
+                                micro_batch=micro_batch, activation_checkpointing=checkpointed,
+                                lora_rank=cfg.lora_rank, targets=cfg.lora_targets)
     except Exception:  # noqa: BLE001 - an architecture the plan cannot read: the measured numbers alone
         return None
     return {"gib_per_gpu": round(f.peak_bytes / footprint.GIB, 3), "states_gib": round(f.states_bytes / footprint.GIB, 3),

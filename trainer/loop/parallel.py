@@ -236,10 +236,11 @@ def node_memory_problem(cfg: TrainConfig, model_config: Any, world_size: int, ho
     if not cfg.use_gpu or cfg.instance_type not in GPU_TYPES or nodes < 2 or world_size % nodes:
         return None
     auto = cfg.micro_batch_auto
-    return footprint.node_problem(footprint.census(model_config), "full", world_size // nodes,
+    return footprint.node_problem(footprint.census(model_config), cfg.method, world_size // nodes,
                                   GPU_TYPES[cfg.instance_type].gpu_memory_mib, seq_len=cfg.seq_len,
                                   micro_batch=1 if auto else int(cfg.micro_batch_size),
-                                  activation_checkpointing=auto or cfg.activation_checkpointing)
+                                  activation_checkpointing=auto or cfg.activation_checkpointing,
+                                  lora_rank=cfg.lora_rank, targets=cfg.lora_targets)
 
 
 def setup_parallel(cfg: TrainConfig, rank: int, world_size: int, local_rank: int,

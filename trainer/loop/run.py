@@ -68,7 +68,8 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *, latest_checkpoint
     data.step_rows(0, gb, cfg.seed)  # fails early if the data is smaller than one batch
     model = build_model(model_path, device=env.device, use_gpu=cfg.use_gpu, mesh=env.mesh,
                         attn_implementation=cfg.attn_implementation,
-                        activation_checkpointing=cfg.activation_checkpointing, seed=cfg.seed, random_init=cfg.random_init)
+                        activation_checkpointing=cfg.activation_checkpointing, seed=cfg.seed, random_init=cfg.random_init,
+                        lora=cfg.lora)
     check_loss_path(model, resolve_loss(DEFAULT_LOSS, env.device), env.device,  # before the memory probe measures it
                     collectives=env.collectives)
     optimizer, scheduler = optim.for_run(model, cfg, steps)
@@ -120,7 +121,7 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *, latest_checkpoint
         card = run_record.model_card(record, last, steps, data.tokens_through(steps, gb, cfg.seed)) if env.rank == 0 \
             else None
         monitor.event("export", step=steps, path=export_hf(storage, model, tokenizer, source=model_path, card=card,
-                                                              eos_token=cfg.eos_token))
+                                                              eos_token=cfg.eos_token, lora=cfg.lora))
     monitor.close()
     return last
 

@@ -12,6 +12,7 @@ Imports torch and transformers only (no ray, no datasets): the benchmark reuses 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from pathlib import Path
@@ -19,6 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from trainer.model import adapters
 from trainer.model.errors import UnsupportedArchitecture
 from trainer.model.parts import ModelParts, model_parts
 from trainer.model.sharding import mixed_precision, shard_model
@@ -60,6 +62,12 @@ def initialise_unloaded(model: nn.Module, seed: int) -> None:
     torch.manual_seed(seed)
     with torch.no_grad():
         model.initialize_weights()
+
+
+def _load_checked(model: nn.Module, path: str | Path) -> dict:
+    if not has_weights(path):
+        raise no_weights(str(path))
+    return load_weights(model, path)
 
 
 def load_weights(model: nn.Module, path: str | Path) -> dict:
@@ -119,10 +127,12 @@ def build_model(
     kernels: str = "auto",
     compile: bool = False,
     random_init: bool = False,
+    lora: dict | None = None,
 ) -> nn.Module:
     """A sharded, weight-loaded causal LM ready to train; `random_init`: the config's initialisation instead
     (a folder without weights is an error otherwise: trainer.model.sources.check_weights).
 
+    `lora` (apply_lora's arguments): peft's LoRA adapters, the rest frozen (trainer.model.adapters).
     `kernels`: "liger" patches Liger's RMSNorm/SwiGLU/RoPE kernels into the model, "auto"
     does so on GPU when liger-kernel is installed, "none" keeps transformers' modules.
     """
@@ -149,6 +159,8 @@ def build_model(
                 raise
             log.warning("Liger kernels not applied (%s: %s); using transformers' modules", type(e).__name__, e)
             model = on_meta()
+    if lora:  # peft's LoRA layers on the meta model, sharded with their layer (trainer.model.adapters)
+        adapters.apply_lora(model, **{"frozen_dtype": torch.bfloat16 if use_gpu else None, **lora})
     if activation_checkpointing:
         enable_activation_checkpointing(model)
     if compile:
@@ -156,10 +168,11 @@ def build_model(
     shard_model(model, mixed_precision(use_gpu), mesh=mesh)
     model.to_empty(device=device)
     if not random_init:
-        if not has_weights(path):
-            raise no_weights(str(path))
-        load_weights(model, path)
+        with adapters.base_names(model) if lora else contextlib.nullcontext():
+            _load_checked(model, path)
     initialise_unloaded(model, seed)
+    if lora:
+        adapters.init_adapters(model, seed)
     model.train()
     return model
 

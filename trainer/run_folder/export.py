@@ -2,6 +2,8 @@
 
 Beside the checkpoints (trainer.run_folder.checkpoint) in the run folder, under `model/`: a folder
 `from_pretrained` loads as it is, in the checkpoint's own key layout as save_pretrained writes it.
+With LoRA (--method lora) `model/` holds the adapters merged into the base (peft's merge_and_unload,
+in fp32, then bf16) and `adapter/` the adapters themselves (fp32), which peft loads onto the base.
 """
 
 from __future__ import annotations
@@ -14,15 +16,18 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from trainer.model import adapters
 from trainer.storage import Storage
 
 EXPORT_DIR = "model"
+ADAPTER_DIR = "adapter"  # --method lora: the adapters as peft writes them (PeftModel.from_pretrained)
 
 
 def export_hf(storage: Storage, model, tokenizer, source: str | Path | None = None, name: str = EXPORT_DIR,
-              card: str | None = None, eos_token: str | None = None) -> str:
+              card: str | None = None, eos_token: str | None = None, lora: dict | None = None) -> str:
     """Collective: gather full weights to rank 0 and write a Hugging Face folder (bf16 safetensors),
-    with `card` (rank 0's model card text) as its README.md; `eos_token`: the --eos-token the tokenizer was given."""
+    with `card` (rank 0's model card text) as its README.md; `eos_token`: the --eos-token the tokenizer was given;
+    with `lora` (apply_lora's arguments) merged, and the adapter folder beside it."""
     from transformers import GenerationConfig
     from transformers.core_model_loading import revert_weight_conversion
 
@@ -33,12 +38,16 @@ def export_hf(storage: Storage, model, tokenizer, source: str | Path | None = No
     full: dict[str, torch.Tensor] = {}
     for key, value in model.state_dict().items():
         tensor = value.full_tensor() if hasattr(value, "full_tensor") else value
-        if rank == 0 and key not in tied_keys:
-            full[key] = tensor.detach().to("cpu", torch.bfloat16).contiguous()
+        if rank == 0 and key not in tied_keys:  # adapted weights stay fp32 until merged
+            full[key] = tensor.detach().to("cpu", torch.float32 if lora and (
+                ".lora_" in key or ".base_layer." in key) else torch.bfloat16).contiguous()
         del tensor
     if rank == 0:
         tmp = Path(tempfile.mkdtemp(prefix="export-"))
         try:
+            if lora:
+                _export_adapter(storage, full, lora, source)
+                full = {k: v.to(torch.bfloat16) for k, v in adapters.merged(full, adapters.scaling(lora)).items()}
             # the checkpoint's own key layout, as save_pretrained writes it (per-expert MoE keys, not the fused ones)
             full = {k: v.contiguous() for k, v in revert_weight_conversion(model, full).items()}
             save_safetensors(full, tmp)
@@ -72,6 +81,24 @@ def export_hf(storage: Storage, model, tokenizer, source: str | Path | None = No
     if dist.is_initialized():
         dist.barrier()
     return storage.path(name)
+
+
+def _export_adapter(storage: Storage, full: dict[str, torch.Tensor], lora: dict, source) -> None:
+    """adapter_config.json and adapter_model.safetensors as peft's save_pretrained writes them."""
+    from safetensors.torch import save_file
+
+    state = adapters.peft_state(full)
+    targets = sorted({k.split(".lora_")[0].rsplit(".", 1)[-1] for k in state})
+    tmp = Path(tempfile.mkdtemp(prefix="adapter-"))
+    try:
+        adapters.peft_config(lora, targets, str(source) if source else None).save_pretrained(str(tmp))
+        save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "adapter_model.safetensors"),
+                  metadata={"format": "pt"})
+        if storage.exists(ADAPTER_DIR):
+            storage.delete_dir(ADAPTER_DIR)
+        storage.upload_dir(tmp, ADAPTER_DIR)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def save_safetensors(state: dict[str, torch.Tensor], folder: Path, max_shard_size: str = "5GB") -> None:
