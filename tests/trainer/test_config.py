@@ -250,7 +250,8 @@ def test_trl_keys_that_do_not_apply_are_refused_each_with_its_reason(tmp_path):
         parse(["--config", str(f), *BASE])
     by_key = {p.split("key ", 1)[1].split(" ", 1)[0].strip("':"): p for p in e.value.problems}
     reasons = {"packing": "always packed", "bf16": "bf16 parameters on GPU", "fp16": "fp16 is not supported",
-               "eval_strategy": "use eval_strategy: steps, epoch or no", "load_in_4bit": "quantized training is not implemented yet",
+               "eval_strategy": "use eval_strategy: steps, epoch or no",
+               "load_in_4bit": "quantized training is not implemented yet",
                "lr_scheduler_type": "supported: cosine, linear, constant", "num_train_epochs": "whole epochs",
                "optim": "AdamW", "push_to_hub": "upload the exported folder yourself",
                "report_to:": "name the backends", "hub_private_repo": "set push_to_hub: false", "deepspeed": "FSDP2",

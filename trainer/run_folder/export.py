@@ -28,7 +28,6 @@ def export_hf(storage: Storage, model, tokenizer, source: str | Path | None = No
     """Collective: gather full weights to rank 0 and write a Hugging Face folder (bf16 safetensors),
     with `card` (rank 0's model card text) as its README.md; `eos_token`: the --eos-token the tokenizer was given;
     with `lora` (apply_lora's arguments) merged, and the adapter folder beside it."""
-    from transformers import GenerationConfig
     from transformers.core_model_loading import revert_weight_conversion
 
     rank = dist.get_rank() if dist.is_initialized() else 0
@@ -55,21 +54,7 @@ def export_hf(storage: Storage, model, tokenizer, source: str | Path | None = No
             config.use_cache = True
             config.dtype = torch.bfloat16
             config.save_pretrained(tmp)
-            try:
-                gen = GenerationConfig.from_pretrained(str(source))
-            except Exception:  # noqa: BLE001 - the source model has no generation config
-                gen = GenerationConfig.from_model_config(config)
-            if tokenizer.eos_token_id is not None and gen.eos_token_id is None:
-                gen.eos_token_id = tokenizer.eos_token_id
-            if eos_token:  # --eos-token (TRL's eos_token): the model stops on it, as TRL's SFTTrainer sets it
-                config.get_text_config().eos_token_id = tokenizer.eos_token_id
-                ids = [gen.eos_token_id] if isinstance(gen.eos_token_id, int) else list(gen.eos_token_id or [])
-                if tokenizer.eos_token_id not in ids:
-                    gen.eos_token_id = [tokenizer.eos_token_id, *ids]
-                config.save_pretrained(tmp)
-            if gen.pad_token_id is None and tokenizer.pad_token_id is not None:
-                gen.pad_token_id = tokenizer.pad_token_id
-            gen.save_pretrained(tmp)
+            _save_generation_config(tmp, config, tokenizer, source, eos_token)
             tokenizer.save_pretrained(tmp)
             if card:
                 (tmp / "README.md").write_text(card)
@@ -82,6 +67,27 @@ def export_hf(storage: Storage, model, tokenizer, source: str | Path | None = No
         dist.barrier()
     return storage.path(name)
 
+
+
+def _save_generation_config(tmp: Path, config, tokenizer, source, eos_token: str | None) -> None:
+    """The source's generation config (or one from the model config) that stops on the tokenizer's EOS."""
+    from transformers import GenerationConfig
+
+    try:
+        gen = GenerationConfig.from_pretrained(str(source))
+    except Exception:  # noqa: BLE001 - the source model has no generation config
+        gen = GenerationConfig.from_model_config(config)
+    if tokenizer.eos_token_id is not None and gen.eos_token_id is None:
+        gen.eos_token_id = tokenizer.eos_token_id
+    if eos_token:  # --eos-token (TRL's eos_token): the model stops on it, as TRL's SFTTrainer sets it
+        config.get_text_config().eos_token_id = tokenizer.eos_token_id
+        ids = [gen.eos_token_id] if isinstance(gen.eos_token_id, int) else list(gen.eos_token_id or [])
+        if tokenizer.eos_token_id not in ids:
+            gen.eos_token_id = [tokenizer.eos_token_id, *ids]
+        config.save_pretrained(tmp)
+    if gen.pad_token_id is None and tokenizer.pad_token_id is not None:
+        gen.pad_token_id = tokenizer.pad_token_id
+    gen.save_pretrained(tmp)
 
 def _export_adapter(storage: Storage, full: dict[str, torch.Tensor], lora: dict, source) -> None:
     """adapter_config.json and adapter_model.safetensors as peft's save_pretrained writes them."""
