@@ -23,7 +23,7 @@ from trainer.model.errors import UnsupportedArchitecture
 from trainer.model.parts import ModelParts, model_parts
 from trainer.model.sharding import mixed_precision, shard_model
 from trainer.model.sources import no_weights, weight_files
-from trainer.model.weights import load_sharded
+from trainer.model.weights import load_sharded, remember_conversions, unloaded, unloaded_error
 
 log = logging.getLogger("trainer")
 
@@ -44,6 +44,19 @@ def check_architecture(config) -> ModelParts:
         raise UnsupportedArchitecture(f"model_type {model_type!r}: transformers cannot build the model from this "
                                       f"config.json ({type(e).__name__}: {first}); fix the config") from None
     return model_parts(model)
+
+
+def check_checkpoint(config, folder: str | Path) -> int:
+    """Every tensor of the model maps to a key of the local checkpoint (headers only, on the meta device);
+    ModelSourceError naming the counts and examples otherwise. Returns how many tensors it has."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    missing, total = unloaded(model, Path(folder))
+    if missing:
+        raise unloaded_error(model, Path(folder), missing, total)
+    return total
 
 
 def has_weights(path: str | Path) -> bool:
@@ -153,6 +166,7 @@ def build_model(
         enable_activation_checkpointing(model)
     if compile:
         compile_layers(model)
+    remember_conversions(model)  # before fully_shard renames the classes transformers looks them up by
     shard_model(model, mixed_precision(use_gpu), mesh=mesh)
     model.to_empty(device=device)
     if not random_init:
