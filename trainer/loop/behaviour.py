@@ -359,7 +359,7 @@ def survey(types: list[str] | None = None, keep: dict | None = None) -> dict[str
         if found.packing == REFUSED and found.reason.startswith("--attn-implementation") and other:
             found = measure(config, attn_implementation=other[0], keep=models)
         out[model_type] = found
-        if keep is not None and models:
+        if keep is not None and models and found.packing != REFUSED:
             keep[model_type] = models[-1]
     return out
 

@@ -67,7 +67,8 @@ OPTIONAL = {"sliding_window", "attention_window_size", "window_size", "q_lora_ra
 ALWAYS = {"head_dim", "num_key_value_heads"}  # None in some defaults that do not build without them
 # Lists sized per layer (or per head) in the defaults: cut to the tiny depth, keeping the first entries.
 PER_LAYER = ("layer_types", "layers_block_type", "hybrid_override_pattern", "block_types", "mlp_layer_types",
-             "layers_types", "moe_layer_freq", "no_rope_layers", "sliding_window_pattern_list", "layer_block_types")
+             "layers_types", "moe_layer_freq", "no_rope_layers", "sliding_window_pattern_list", "layer_block_types",
+             "attention_layers")
 # Lists of layer indices (the attention layers of a hybrid): the last tiny layer, so a hybrid keeps one.
 LAYER_INDICES = ("full_attn_idxs", "attn_layer_indices")
 
@@ -92,6 +93,9 @@ def _layers(config) -> dict:
             out[name] = _cut(current)
         elif isinstance(current, str) and len(current) > LAYERS and name == "hybrid_override_pattern":
             out[name] = _cut(current)
+    kinds = config.__dict__.get("attention_types")  # GPT-Neo: [[["global", "local"], 12]]
+    if isinstance(kinds, list) and kinds and isinstance(kinds[0], list) and len(kinds[0]) == 2:
+        out["attention_types"] = [[kinds[0][0], max(1, LAYERS // len(kinds[0][0]))]]
     for name in LAYER_INDICES:
         current = config.__dict__.get(name)
         if isinstance(current, (list, tuple)) and current:

@@ -186,6 +186,9 @@ def _rows(tensor: torch.Tensor) -> tuple[slice | None, tuple[int, ...]]:
     return slice(offset[0], offset[0] + local[0]), tuple(local)
 
 
+shard_rows = _rows  # for the initialisation of sharded parameters (trainer.model.build)
+
+
 def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
