@@ -220,7 +220,7 @@ def boundaries(model, vocab: int, pad_id: int) -> tuple[str, str]:
 def _step(model, row: dict[str, torch.Tensor]) -> None:
     """One training step of the trainer's own (its loss path, backward, clipping) on the packed row."""
     model.train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    optimizer = _NoStep()
     try:
         out = train_step(model, optimizer, None, [row], device=torch.device("cpu"), collectives=ONE_PROCESS)
     except Exception as e:  # noqa: BLE001 - it would fail alike on every worker
@@ -228,9 +228,21 @@ def _step(model, row: dict[str, torch.Tensor]) -> None:
                        f"({first_line(e)})") from None
     finally:
         model.eval()
-    if not torch.isfinite(out.loss):
-        raise _Refused(f"--model: the training step gives a loss of {float(out.loss)} for {type(model).__name__} "
-                       f"on random weights")
+    if not (torch.isfinite(out.loss) and torch.isfinite(out.grad_norm)):
+        raise _Refused(f"--model: the training step gives a loss of {float(out.loss):.4g} and a gradient norm of "
+                       f"{float(out.grad_norm):.4g} for {type(model).__name__} on random weights")
+
+
+class _NoStep:
+    """An optimizer that leaves the weights as they are (SGD with lr 0 would still write 0 x NaN)."""
+
+    param_groups = [{"lr": 0.0}]
+
+    def step(self) -> None:
+        pass
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        pass
 
 
 def measure(config, *, attn_implementation: str = "sdpa", random_init: bool = False,

@@ -16,13 +16,14 @@ HEADS = 4
 HEAD_DIM = HIDDEN // HEADS
 LAYERS = 2
 
+DEPTH = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "num_decoder_layers", "decoder_layers")
 # (attribute names, tiny value): set where the config has the attribute (with a non-None value, for the optional
 # ones). Widths first: several configs derive others from them.
 SIZES: tuple[tuple[tuple[str, ...], int], ...] = (
     (("hidden_size", "d_model", "n_embd", "dim", "embed_dim", "hidden_dim", "model_dim", "emb_dim"), HIDDEN),
     (("intermediate_size", "ffn_dim", "n_inner", "d_ff", "ffn_hidden_size", "intermediate_dim", "ffn_intermediate_size",
       "dense_intermediate_size"), 2 * HIDDEN),
-    (("num_hidden_layers", "n_layer", "num_layers", "n_layers", "num_decoder_layers", "decoder_layers"), LAYERS),
+    (DEPTH, LAYERS),
     (("num_attention_heads", "n_head", "num_heads", "n_heads", "decoder_attention_heads"), HEADS),
     (("num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num", "n_head_kv"), HEADS // 2),
     (("head_dim", "attention_head_dim", "kv_channels", "head_size", "global_head_dim", "rotary_dim"), HEAD_DIM),
@@ -80,14 +81,23 @@ def _sizes(config) -> dict:
             current = config.__dict__.get(name, False)
             if current is None and name in OPTIONAL and name not in ALWAYS:
                 continue
-            if current is None or (isinstance(current, int) and not isinstance(current, bool)):
+            if current is None:
                 out[name] = value
+            elif isinstance(current, int) and not isinstance(current, bool):
+                out[name] = min(current, value)  # never larger than the model's own (ZAYA: one expert per token)
     return out
 
 
+def _depth(config) -> int | None:
+    return next((v for n in DEPTH if isinstance(v := config.__dict__.get(n), int) and v > LAYERS), None)
+
+
 def _layers(config) -> dict:
+    """Per-layer lists cut to the tiny depth: those named so, and any list as long as the model is deep."""
     out: dict = {}
-    for name in PER_LAYER:
+    depth = _depth(config)
+    named = [n for n, v in config.__dict__.items() if isinstance(v, (list, tuple)) and depth and len(v) == depth]
+    for name in dict.fromkeys([*PER_LAYER, *named]):
         current = config.__dict__.get(name)
         if isinstance(current, (list, tuple)) and len(current) > LAYERS:
             out[name] = _cut(current)
@@ -144,7 +154,7 @@ def _rebuilt(config):
     values = config.to_dict()
     for name in PER_LAYER:
         if name in values and not isinstance(values[name], (list, tuple, str)):
-            values.pop(name)
+            values.pop(name)  # None: derived by __init__ from the tiny depth
     try:
         rebuilt = type(config)(**{k: v for k, v in values.items() if k not in ("transformers_version",)})
     except Exception:  # noqa: BLE001 - a config whose __init__ rejects its own dict keeps the set values
