@@ -8,7 +8,9 @@ That makes a step with 1 worker x 4 micro-batches equal to 2 workers x 2 micro-b
 Packed rows carry position ids that restart at 0 for every document and no attention
 mask; transformers then derives a block-diagonal causal mask from the position ids
 (sdpa/eager/flex) or uses variable-length kernels (flash attention), so attention never
-crosses documents. Labels arrive already shifted (labels[t] is the target of token t).
+crosses documents; a model for which that does not hold (measured before Ray,
+trainer.loop.behaviour) gets one document per row. A forward without position ids (a
+state-space model's) is called without them. Labels arrive already shifted (labels[t] is the target of token t).
 
 The loss never materialises fp32 logits for the whole micro-batch (trainer.model.losses), and
 it is the model's own: its transform of the logits after the head (softcapping, scaling)
