@@ -45,19 +45,22 @@ class DataSpec:
     text_field: str = "text"
     train_on: str = "completion"
     overlong: str = "truncate"
+    one_per_row: str = ""  # why each document gets a row of its own (the model mixes documents that share one)
 
     @classmethod
-    def from_config(cls, cfg) -> "DataSpec":
+    def from_config(cls, cfg, one_per_row: str = "") -> "DataSpec":
+        """`one_per_row`: the reason the model's measured behaviour gives (trainer.loop.behaviour), or ""."""
         return cls(cfg.dataset, cfg.dataset_split, cfg.dataset_config, cfg.dataset_text_field, cfg.train_on,
-                   cfg.overlong)
+                   cfg.overlong, one_per_row)
 
     @classmethod
-    def eval_from_config(cls, cfg) -> "DataSpec":
+    def eval_from_config(cls, cfg, one_per_row: str = "") -> "DataSpec":
         """The held-out data: --eval-dataset, else --dataset's --eval-split, masked and packed as training is."""
         if cfg.eval_dataset:
-            return cls(cfg.eval_dataset, "train", None, cfg.dataset_text_field, cfg.train_on, cfg.overlong)
+            return cls(cfg.eval_dataset, "train", None, cfg.dataset_text_field, cfg.train_on, cfg.overlong,
+                       one_per_row)
         return cls(cfg.dataset, cfg.eval_split, cfg.dataset_config, cfg.dataset_text_field, cfg.train_on,
-                   cfg.overlong)
+                   cfg.overlong, one_per_row)
 
 
 # ---------------------------------------------------------------- records
@@ -124,6 +127,8 @@ class PackStats:
     too_long: int = 0        # records longer than seq_len (truncated, or dropped)
     longest_tokens: int = 0
     longest_record: int = -1
+    packed_rows: int = 0     # rows best-fit packing would give (the cost of one document per row)
+    one_per_row: str = ""    # why each document has a row of its own, or ""
 
     @property
     def fill(self) -> float:
@@ -184,12 +189,14 @@ def best_fit_rows(lengths: Sequence[int], seq_len: int) -> list[list[int]]:
 
 
 def pack(docs: Iterable[tuple[Sequence[int], Sequence[bool]]], seq_len: int, pad_id: int,
-         overlong: str = "truncate") -> tuple[dict[str, np.ndarray], PackStats]:
+         overlong: str = "truncate", one_per_row: str = "") -> tuple[dict[str, np.ndarray], PackStats]:
     """Documents packed into rows of seq_len (best fit); labels shifted and masked to trained tokens.
 
     Each document keeps its own position ids (0, 1, ...), which is what keeps attention
     inside it; the tail of a row is padding (position ids continue 0.., labels -100).
     Documents longer than seq_len are truncated, or dropped with `overlong="drop"`; both are counted.
+    With `one_per_row` (the reason: a model whose documents would see each other in a shared row)
+    every document has a row of its own, in dataset order.
     """
     kept: list[tuple[np.ndarray, np.ndarray]] = []
     truncated = tokens = trained = too_long = 0
@@ -208,6 +215,9 @@ def pack(docs: Iterable[tuple[Sequence[int], Sequence[bool]]], seq_len: int, pad
         kept.append(doc[:2])
         truncated += doc[2]
     layout = best_fit_rows([len(ids) for ids, _ in kept], seq_len)
+    packed_rows = len(layout)
+    if one_per_row:
+        layout = [[i] for i in range(len(kept))]
     shape = (len(layout), seq_len)
     arrays = {"input_ids": np.full(shape, pad_id, np.int32), "labels": np.full(shape, IGNORE_INDEX, np.int32),
               "position_ids": np.zeros(shape, np.int32), "real_tokens": np.zeros(len(layout), np.int32)}
@@ -225,7 +235,8 @@ def pack(docs: Iterable[tuple[Sequence[int], Sequence[bool]]], seq_len: int, pad
                       real_tokens=int(arrays["real_tokens"].sum()),
                       loss_tokens=int((arrays["labels"] != IGNORE_INDEX).sum()), seq_len=seq_len, tokens=tokens,
                       trained_tokens=trained, drop_reasons=dict(reasons), too_long=too_long,
-                      longest_tokens=longest, longest_record=longest_at)
+                      longest_tokens=longest, longest_record=longest_at, packed_rows=packed_rows,
+                      one_per_row=one_per_row)
     return arrays, stats
 
 
@@ -259,7 +270,8 @@ def cache_key(data: DataSpec, source_fp: dict, tokenizer, seq_len: int) -> str:
     another folder, as each demo run writes it, shares its packed rows), then what packs it."""
     content = {k: v for k, v in source_fp.items() if not (k == "spec" and "files" in source_fp)}
     fp = {"v": FORMAT_VERSION, "tokenizer": tokenizer_fingerprint(tokenizer), "seq_len": seq_len,
-          "text_field": data.text_field, "train_on": data.train_on, "overlong": data.overlong}
+          "text_field": data.text_field, "train_on": data.train_on, "overlong": data.overlong,
+          **({"one_per_row": True} if data.one_per_row else {})}
     training = _training_template(tokenizer, data.train_on)
     if training:  # TRL's training version of the template renders the conversations (present once TRL is)
         fp["training_template"] = _digest(training, 12)
@@ -294,7 +306,8 @@ def pack_dataset(ds, data: DataSpec, tokenizer, seq_len: int) -> tuple[dict[str,
         raise DataError(f"dataset {data.dataset!r}: is empty (split {data.split!r}); it needs at least one record")
     renderer = Renderer(tokenizer, data.train_on)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    arrays, stats = pack(tokenize(ds, renderer, data.dataset, data.text_field), seq_len, pad_id, data.overlong)
+    arrays, stats = pack(tokenize(ds, renderer, data.dataset, data.text_field), seq_len, pad_id, data.overlong,
+                         data.one_per_row)
     if stats.rows == 0:
         why = "; ".join(f"{n} {reason}" for reason, n in stats.drop_reasons.items())
         too_long = stats.drop_reasons.get(DROP_TRUNCATED, 0) + stats.drop_reasons.get(DROP_TOO_LONG, 0)
@@ -322,7 +335,17 @@ def summary(stats: dict, overlong: str = "truncate") -> list[str]:
     for reason, n in (stats.get("drop_reasons") or {}).items():
         if reason != DROP_TOO_LONG:
             lines.append(f"{n:,} of {stats['records']:,} records dropped: {reason}")
+    if stats.get("one_per_row"):
+        lines.append(one_per_row_note(stats))
     return lines
+
+
+def one_per_row_note(stats: dict) -> str:
+    """What training one document per row costs: real tokens per row against best-fit packing."""
+    rows, packed, real = stats["rows"], stats.get("packed_rows") or stats["rows"], stats["real_tokens"]
+    return (f"documents are trained one per row, not packed: {stats['one_per_row']}. {rows:,} rows of "
+            f"{real / max(rows, 1):,.0f} real tokens on average, against {packed:,} rows of {real / max(packed, 1):,.0f} "
+            f"packed ({rows / max(packed, 1):.2f}x the rows per epoch)")
 
 
 def build_packed(data: DataSpec, ds, source_fp: dict, tokenizer, seq_len: int, folder: Path) -> dict:

@@ -31,12 +31,20 @@ from trainer.jobs.cluster import (
 )
 from trainer.jobs.failures import failure_summary, retryable, user_error
 from trainer.jobs.plan import run_refusal
+from trainer.loop.behaviour import measure
 from trainer.loop.metrics import credential_problems, missing_backends
 from trainer.loop.run import CHAT_TEMPLATE_KEY, train_func
 from trainer.model import adapters
-from trainer.model.build import check_architecture
+from trainer.model.build import check_architecture, check_checkpoint
 from trainer.model.errors import ModelSourceError
-from trainer.model.sources import check_weights, read_model_config, set_eos_token, tokenizer_only
+from trainer.model.sources import (
+    check_weights,
+    describe_source,
+    local_model_dir,
+    read_model_config,
+    set_eos_token,
+    tokenizer_only,
+)
 from trainer.run_folder import checkpoint as ckpt
 from trainer.run_folder import lock as run_lock
 from trainer.run_folder import resume
@@ -163,7 +171,9 @@ def _check_model(cfg: TrainConfig, fs_for: Callable[[str], Any], info: dict, pro
         if too_big:
             problems.append(f"{flag('model')} {cfg.model}: {too_big}")
         info["weights"] = check_weights(cfg.model, storage_fs=fs_for(cfg.model), random_init=cfg.random_init)
-        model_ok = True
+        if info["weights"] and not cfg.random_init and describe_source(cfg.model) == "local":
+            check_checkpoint(mcfg, local_model_dir(cfg.model))  # every tensor of the model in the files
+        model_ok = _check_behaviour(cfg, mcfg, info, problems)
     except ModelSourceError as e:
         problems.append(f"{flag('model')}: {e}")
     if cfg.tokenizer:
@@ -174,11 +184,25 @@ def _check_model(cfg: TrainConfig, fs_for: Callable[[str], Any], info: dict, pro
     return model_ok
 
 
+def _check_behaviour(cfg: TrainConfig, mcfg, info: dict, problems: list[str]) -> bool:
+    """What the architecture does under the trainer, measured on its tiny shape (trainer.loop.behaviour):
+    the attention implementation, document boundaries in packed rows, initialisation, the step."""
+    found = measure(mcfg, attn_implementation=cfg.attn_implementation, random_init=cfg.random_init)
+    info["behaviour"] = found
+    problems.extend(found.problems)
+    info["notes"] += list(found.notes)
+    return not found.problems
+
+
 def _check_data(cfg: TrainConfig, tokenizer, dataset_fs: Any, info: dict, *, full_data: bool, for_run: bool) -> None:
     """The dataset packed as the workers will (with `full_data` and a tokenizer), else its first records
     rendered; DataError when it cannot be used."""
+    found = info.get("behaviour")
+    one_per_row = found.one_per_row if found is not None else ""
+    if one_per_row and not (full_data and tokenizer is not None):
+        info["notes"].append(f"documents are trained one per row, not packed: {one_per_row}")
     if full_data and tokenizer is not None:
-        packed = prepare(DataSpec.from_config(cfg), tokenizer=tokenizer, seq_len=cfg.seq_len,
+        packed = prepare(DataSpec.from_config(cfg, one_per_row), tokenizer=tokenizer, seq_len=cfg.seq_len,
                          cache_dir=cfg.resolved_cache_dir, storage_fs=dataset_fs)
         if for_run:
             packed.step_rows(0, cfg.global_batch_size, cfg.seed)  # at least one global batch
@@ -186,7 +210,7 @@ def _check_data(cfg: TrainConfig, tokenizer, dataset_fs: Any, info: dict, *, ful
         info["notes"] += data_summary(packed.meta, cfg.overlong)
         if cfg.evaluates:  # the held-out rows, packed into the same cache the workers read
             try:
-                held_out = prepare(DataSpec.eval_from_config(cfg), tokenizer=tokenizer, seq_len=cfg.seq_len,
+                held_out = prepare(DataSpec.eval_from_config(cfg, one_per_row), tokenizer=tokenizer, seq_len=cfg.seq_len,
                                    cache_dir=cfg.resolved_cache_dir, storage_fs=dataset_fs)
             except DataError as e:
                 raise DataError(f"the held-out data to evaluate ({flag('eval_dataset')}, else the {flag('eval_split')} "

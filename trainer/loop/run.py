@@ -24,6 +24,7 @@ from trainer.config.flags import TrainConfig
 from trainer.data.packing import DataSpec, PackedData, prepare
 from trainer.data.packing import summary as data_summary
 from trainer.loop import memory, optim
+from trainer.loop.behaviour import documents_per_row
 from trainer.loop.checkpointer import Checkpointer, Reporter, report_to_ray
 from trainer.loop.monitor import Monitor
 from trainer.loop.parallel import WorkerEnv, setup_parallel, transport_check
@@ -39,7 +40,7 @@ log = logging.getLogger("trainer")
 
 CHAT_TEMPLATE_KEY = "chat_template_text"  # train_loop_config key: --chat-template's text, read by the driver
 DATA_COUNTS = ("records", "documents", "rows", "truncated", "dropped", "drop_reasons", "too_long", "longest_tokens",
-               "longest_record")
+               "longest_record", "packed_rows", "one_per_row")
 
 
 class InjectedFailure(RuntimeError):
@@ -131,6 +132,8 @@ def fetch_inputs(cfg: TrainConfig, storage: Storage, chat_template: str | None) 
 
     s3:// inputs go through the run storage's filesystem when that is remote (same endpoint and credentials).
     """
+    from transformers import AutoConfig
+
     cache_dir, remote_fs = cfg.resolved_cache_dir, None if storage.is_local else storage.fs
     model_path = resolve_model_path(cfg.model, cache_dir, storage_fs=remote_fs)
     tokenizer = load_tokenizer(resolve_model_path(cfg.tokenizer, cache_dir, storage_fs=remote_fs)
@@ -138,9 +141,10 @@ def fetch_inputs(cfg: TrainConfig, storage: Storage, chat_template: str | None) 
     if chat_template:
         tokenizer.chat_template = chat_template
     set_eos_token(tokenizer, cfg.eos_token)
-    data = prepare(DataSpec.from_config(cfg), tokenizer=tokenizer, seq_len=cfg.seq_len, cache_dir=cache_dir,
-                   storage_fs=remote_fs)
-    eval_data = prepare(DataSpec.eval_from_config(cfg), tokenizer=tokenizer, seq_len=cfg.seq_len,
+    one_per_row = documents_per_row(AutoConfig.from_pretrained(str(model_path)), cfg.attn_implementation)
+    data = prepare(DataSpec.from_config(cfg, one_per_row), tokenizer=tokenizer, seq_len=cfg.seq_len,
+                   cache_dir=cache_dir, storage_fs=remote_fs)
+    eval_data = prepare(DataSpec.eval_from_config(cfg, one_per_row), tokenizer=tokenizer, seq_len=cfg.seq_len,
                         cache_dir=cache_dir, storage_fs=remote_fs) if cfg.evaluates else None
     return Inputs(model_path, tokenizer, data, eval_data)
 

@@ -25,7 +25,7 @@ from trainer.model.errors import UnsupportedArchitecture
 from trainer.model.parts import ModelParts, model_parts
 from trainer.model.sharding import mixed_precision, shard_model
 from trainer.model.sources import no_weights, weight_files
-from trainer.model.weights import load_sharded
+from trainer.model.weights import load_sharded, remember_conversions, shard_rows, unloaded, unloaded_error
 
 log = logging.getLogger("trainer")
 
@@ -48,6 +48,19 @@ def check_architecture(config) -> ModelParts:
     return model_parts(model)
 
 
+def check_checkpoint(config, folder: str | Path) -> int:
+    """Every tensor of the model maps to a key of the local checkpoint (headers only, on the meta device);
+    ModelSourceError naming the counts and examples otherwise. Returns how many tensors it has."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    missing, total = unloaded(model, Path(folder))
+    if missing:
+        raise unloaded_error(model, Path(folder), missing, total)
+    return total
+
+
 def has_weights(path: str | Path) -> bool:
     return bool(weight_files(path))
 
@@ -57,11 +70,82 @@ def initialise_unloaded(model: nn.Module, seed: int) -> None:
 
     Loaded tensors carry transformers' `_is_hf_initialized` flag, which its init functions
     respect, so this sets only what no checkpoint holds: non-persistent buffers (RoPE
-    frequencies per layer type, Gemma's embedding scale) and missing weights.
+    frequencies per layer type, Gemma's embedding scale) and missing weights. On a sharded
+    model each module's init runs on its whole parameters (trainer.model.build._whole_params).
     """
+    from transformers import PreTrainedModel
+
     torch.manual_seed(seed)
+    patched = [m for m in model.modules() if isinstance(m, PreTrainedModel)]
+    for sub in patched:
+        sub._init_weights = _whole_params(sub._init_weights)
+    try:
+        with torch.no_grad():
+            model.initialize_weights()
+    finally:
+        for sub in patched:
+            sub.__dict__.pop("_init_weights", None)
+
+
+def _whole_params(init_weights):
+    """A module's `_init_weights`; where it mixes a sharded parameter with plain tensors, run again on the
+    module's whole parameters, keeping each shard's rows.
+
+    transformers' init computes with the parameters as tensors (RWKV's `time_first * log(0.3) + zigzag`,
+    Mamba's `copy_(A_log, log(arange))` on its mixer's children), which a DTensor refuses. Every rank
+    walks the modules in the same order and fails alike, so the all-gathers match; only that module's
+    parameters are whole at a time."""
+    def run(module: nn.Module) -> None:
+        try:
+            return init_weights(module)
+        except (RuntimeError, NotImplementedError):  # DTensor: "mixed torch.Tensor and DTensor", "no sharding strategy"
+            sharded = [(owner, n, p) for owner in module.modules() for n, p in owner._parameters.items()
+                       if p is not None and hasattr(p, "to_local")]
+            if not sharded:
+                raise
+        for owner, n, p in sharded:
+            whole = nn.Parameter(p.full_tensor().detach(), requires_grad=p.requires_grad)
+            if getattr(p, "_is_hf_initialized", False):
+                whole._is_hf_initialized = True
+            owner._parameters[n] = whole
+        try:
+            init_weights(module)
+        finally:
+            for owner, n, p in sharded:
+                whole = owner._parameters[n]
+                owner._parameters[n] = p
+                if not getattr(p, "_is_hf_initialized", False):
+                    rows, _ = shard_rows(p)
+                    p.to_local().copy_(whole.detach()[rows] if rows is not None else whole.detach())
+    return run
+
+
+def poison(model: nn.Module) -> None:
+    """Every floating-point tensor NaN (this rank's shard): a tensor nothing writes is then seen, not trained."""
     with torch.no_grad():
-        model.initialize_weights()
+        for t in [*model.parameters(), *model.buffers()]:
+            local = t.to_local() if hasattr(t, "to_local") else t
+            if local.is_floating_point():
+                local.fill_(float("nan"))
+
+
+def check_written(model: nn.Module, random_init: bool) -> None:
+    """No tensor left NaN by loading and initialisation; UnsupportedArchitecture naming them otherwise."""
+    unset = []
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        local = t.to_local() if hasattr(t, "to_local") else t
+        if local.is_floating_point() and local.numel() and bool(torch.isnan(local).any()):
+            unset.append(name)
+    if not unset:
+        return
+    what = ", ".join(unset[:6]) + (", ..." if len(unset) > 6 else "")
+    if random_init:
+        name = type(model).__name__.removeprefix("FSDP")
+        raise UnsupportedArchitecture(f"--random-init: transformers' initialisation of {name} "
+                                      f"leaves {len(unset)} tensor(s) unset ({what}); train from a checkpoint of "
+                                      f"the model instead")
+    raise UnsupportedArchitecture(f"{len(unset)} tensor(s) of {type(model).__name__.removeprefix('FSDP')} are in no "
+                                  f"checkpoint and transformers' initialisation leaves them unset ({what})")
 
 
 def _load_checked(model: nn.Module, path: str | Path) -> dict:
@@ -165,14 +249,17 @@ def build_model(
         enable_activation_checkpointing(model)
     if compile:
         compile_layers(model)
+    remember_conversions(model)  # before fully_shard renames the classes transformers looks them up by
     shard_model(model, mixed_precision(use_gpu), mesh=mesh)
     model.to_empty(device=device)
+    poison(model)
     if not random_init:
         with adapters.base_names(model) if lora else contextlib.nullcontext():
             _load_checked(model, path)
     initialise_unloaded(model, seed)
     if lora:
         adapters.init_adapters(model, seed)
+    check_written(model, random_init)
     model.train()
     return model
 

@@ -32,4 +32,21 @@ def shard_model(model: nn.Module, mp_policy, mesh=None) -> nn.Module:
         fully_shard(parts.embed, mesh=mesh, mp_policy=mp_policy)
         fully_shard(tail, mesh=mesh, mp_policy=mp_policy)
     fully_shard(model, mesh=mesh, mp_policy=mp_policy)
+    keep_library_class(model)
     return model
+
+
+def keep_library_class(model: nn.Module) -> None:
+    """transformers still treats a sharded model as its own class, not as custom code.
+
+    fully_shard swaps in a subclass FSDP<Name> defined in torch's module; transformers' `is_custom_code`
+    (the class's module is not transformers') would then skip its key renaming on load and the part
+    of its weight initialisation that trusts its own init functions. The answer stays the original class's.
+    """
+    for module in model.modules():
+        cls = type(module)
+        original = next((c for c in cls.__mro__[1:] if c.__name__ == cls.__name__.removeprefix("FSDP")), None)
+        if original is None or original is cls or not hasattr(original, "is_custom_code"):
+            continue
+        if "is_custom_code" not in cls.__dict__:
+            cls.is_custom_code = classmethod(lambda _cls, _original=original: _original.is_custom_code())

@@ -14,8 +14,10 @@ does; only the reading differs: every rank reads just the rows of its shard.
 - Any other conversion (a fused QKV split, a transpose) materialises that one tensor,
   then keeps this rank's rows: one tensor at a time, never the whole model.
 
-Missing weights are left to the model's own initialisation (trainer.model.build), as
-from_pretrained leaves them. Imports torch, safetensors and transformers only.
+A model tensor the checkpoint does not hold is an error (from_pretrained would initialise it
+randomly and warn once): the run would train from partly random weights. Non-persistent buffers,
+which no checkpoint holds, get the model's own initialisation (trainer.model.build). Imports torch,
+safetensors and transformers only.
 """
 
 from __future__ import annotations
@@ -121,12 +123,32 @@ class _Target:
     sources: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
 
 
+CONVERSIONS = "_trainer_conversions"  # the model's __dict__ key of the conversions its unsharded class gives
+
+
+def remember_conversions(model: nn.Module) -> None:
+    """transformers' key conversions for the model's own classes, taken before fully_shard renames them.
+
+    Its mapping is looked up by class name (Qwen3.5's `model.language_model.*` layout, NemotronH's
+    `backbone.*`), which FSDP<Name> would miss."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+
+    model.__dict__[CONVERSIONS] = get_model_conversion_mapping(model)
+
+
+def conversions(model: nn.Module) -> list:
+    if CONVERSIONS in model.__dict__:
+        return copy.deepcopy(model.__dict__[CONVERSIONS])
+    from transformers.conversion_mapping import get_model_conversion_mapping
+
+    return get_model_conversion_mapping(model)
+
+
 def plan_keys(model: nn.Module, keys: list[str], targets: dict[str, torch.Tensor]) -> tuple[dict[str, _Target], list[str]]:
     """Model tensor name -> its checkpoint keys, renamed exactly as from_pretrained renames them."""
-    from transformers.conversion_mapping import get_model_conversion_mapping
     from transformers.core_model_loading import WeightConverter, dot_natural_key, rename_source_key
 
-    mapping = get_model_conversion_mapping(model)
+    mapping = conversions(model)
     converters = [m for m in mapping if isinstance(m, WeightConverter)]
     renamings = [m for m in mapping if not isinstance(m, WeightConverter)]
     by_pattern = {pattern: c for c in converters for pattern in c.source_patterns}
@@ -162,6 +184,9 @@ def _rows(tensor: torch.Tensor) -> tuple[slice | None, tuple[int, ...]]:
     if not local:
         return None, ()
     return slice(offset[0], offset[0] + local[0]), tuple(local)
+
+
+shard_rows = _rows  # for the initialisation of sharded parameters (trainer.model.build)
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -216,6 +241,43 @@ def _reader(ckpt: Checkpoint, key: str) -> Callable[[], torch.Tensor]:
     return lambda: ckpt.read(key)
 
 
+def unloaded_error(model: nn.Module, folder: Path, missing: list[str], total: int) -> ModelSourceError:
+    return ModelSourceError(
+        f"model weights in {folder}: {len(missing)} of the {total} tensors of {model_name(model)} are not in the "
+        f"checkpoint, even with transformers' key conversion ({', '.join(missing[:6])}{', ...' if len(missing) > 6 else ''}"
+        f"); training would start them from random values. Point --model at the folder saved with this config.json, "
+        f"or pass --random-init to train the whole model from its random initialisation")
+
+
+def unloaded(model: nn.Module, folder: Path) -> tuple[list[str], int]:
+    """The model's tensors (parameters and persistent buffers) no checkpoint key maps to, and how many it has.
+
+    Reads only the files' headers: the pre-flight's check of what load_sharded would refuse."""
+    targets = dict(model.state_dict(keep_vars=True))
+    ckpt = Checkpoint(folder)
+    try:
+        plan, _ = plan_keys(model, ckpt.keys(), targets)
+    finally:
+        ckpt.close()
+    covered = set(plan)
+    for name, entry in plan.items():  # a converter may fill more targets than the one it is planned under
+        covered.update(t for t in targets if entry.converter is not None and t in _targets_of(entry.converter, name))
+    return sorted(set(targets) - covered - _tied_to(model, targets, covered)), len(targets)
+
+
+def _targets_of(converter, name: str) -> set[str]:
+    """The tensors a one-to-many converter fills besides `name` (its first target): a fused QKV split."""
+    patterns = [p.replace("\\", "").strip("^$") for p in getattr(converter, "target_patterns", [])]
+    first = patterns[0] if patterns else None
+    return {name.replace(first, p) for p in patterns} if first and first in name else {name}
+
+
+def _tied_to(model: nn.Module, targets: dict[str, torch.Tensor], covered: set[str]) -> set[str]:
+    """State-dict names that share their tensor with a covered one (a tied lm_head)."""
+    ids = {id(targets[n]) for n in covered}
+    return {n for n, t in targets.items() if id(t) in ids}
+
+
 def load_sharded(model: nn.Module, folder: Path) -> dict:
     """Fill every parameter and persistent buffer the checkpoint holds; returns what was loaded and skipped.
 
@@ -254,10 +316,9 @@ def load_sharded(model: nn.Module, folder: Path) -> dict:
     for name in loaded:
         targets[name]._is_hf_initialized = True
     missing = sorted(n for n, t in targets.items() if not getattr(t, "_is_hf_initialized", False))
+    if missing:
+        raise unloaded_error(model, folder, missing, len(targets))
     first_rank = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
-    if first_rank and missing:
-        log.warning("%d tensor(s) of %s are not in %s and get the model's own initialisation, as from_pretrained "
-                    "does: %s", len(missing), model_name(model), folder, ", ".join(missing[:8]))
     if first_rank and unexpected:
         log.info("%d checkpoint tensor(s) of %s are not used by %s: %s", len(unexpected), folder,
                  model_name(model), ", ".join(unexpected[:8]))
