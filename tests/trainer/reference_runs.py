@@ -50,7 +50,7 @@ def cli_flags(cfg: TrainConfig) -> list[str]:
     out: list[str] = []
     for f in dataclasses.fields(TrainConfig):
         value = getattr(cfg, f.name)
-        if value == f.default:
+        if "flag" not in f.metadata or value == f.default:  # `sources` is a record, not a flag
             continue
         if isinstance(value, bool):
             out.append(flag(f.name) if value else "--no-" + flag(f.name)[2:])

@@ -130,9 +130,14 @@ def poison(model: nn.Module) -> None:
 
 
 def check_written(model: nn.Module, random_init: bool) -> None:
-    """No tensor left NaN by loading and initialisation; UnsupportedArchitecture naming them otherwise."""
+    """No tensor left NaN by loading and initialisation; UnsupportedArchitecture naming them otherwise.
+
+    A tensor the checkpoint wrote (the loader's `_is_hf_initialized`) holds the checkpoint's own values: a NaN
+    there is the model's, which the first step reports as divergence."""
     unset = []
     for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if getattr(t, "_is_hf_initialized", False):
+            continue
         local = t.to_local() if hasattr(t, "to_local") else t
         if local.is_floating_point() and local.numel() and bool(torch.isnan(local).any()):
             unset.append(name)
