@@ -138,6 +138,5 @@ def _fields(obj: dict) -> dict:
 def prioritized_manifest(settings: Workloads, *, image: str, checkpoint_uri: str) -> dict:
     """The RayCluster whose pods carry the PriorityClass (workloads.disruption); KubeRay recreates
     the pods when it changes (upgradeStrategy Recreate)."""
-    spec = disruption.prioritized(raycluster.spec(settings, image=image, checkpoint_uri=checkpoint_uri))
-    return {"apiVersion": raycluster.API_VERSION, "kind": raycluster.KIND,
-            "metadata": raycluster.metadata(settings), "spec": spec}
+    plain = raycluster.manifest(settings, image=image, checkpoint_uri=checkpoint_uri)
+    return {**plain, "spec": disruption.prioritized(plain["spec"])}
