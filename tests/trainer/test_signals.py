@@ -47,3 +47,28 @@ def test_sigterm_to_the_driver_stops_the_run_with_exit_130_naming_the_last_compl
                            f"{run / newest} (step {ckpt.step_of(newest)}); run the same command again"), line
     assert "Traceback" not in err and "*** SIGTERM received" not in err, err[-3000:]
     assert not (run / run_lock.LOCK).exists()  # the lock went with the driver
+
+
+class RayTrainWorker:
+    """Stands for Ray Train's worker actor, which the state API knows by its class name."""
+
+    def ready(self) -> bool:
+        return True
+
+
+def test_the_checkpoint_is_named_only_once_the_jobs_training_workers_are_gone(ray_cluster):
+    """fit() can return while a worker Ray already told to stop still finishes a checkpoint (ray.kill is
+    asynchronous): the CI run that named step 12 while step 16 completed after it."""
+    import threading
+
+    import ray
+    from ray.util.state import list_actors
+
+    from trainer.jobs import interrupt
+
+    worker = ray.remote(num_cpus=0)(RayTrainWorker).remote()
+    ray.get(worker.ready.remote())
+    threading.Timer(2.0, ray.kill, args=(worker,)).start()
+    interrupt.wait_for_workers(timeout_s=60)
+    (state,) = [a.state for a in list_actors(filters=[("actor_id", "=", worker._actor_id.hex())])]
+    assert state == "DEAD"

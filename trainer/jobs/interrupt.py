@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import sys
+import time
 from typing import Iterator
 
 from facts.errors import EXIT_INTERRUPTED, UserError
@@ -58,6 +59,23 @@ class Stop:
         return trainer
 
 
+def wait_for_workers(timeout_s: float = 30.0) -> None:
+    """Until this job's training workers are gone (at most timeout_s).
+
+    fit() returns once Ray's controller has asked its workers to stop, given them 5 s and sent ray.kill,
+    which is asynchronous: a worker can still finish a checkpoint after that. The checkpoint named to the
+    user must be the one a resume will really start from, so it is read only once no worker is left."""
+    import ray
+    from ray.util.state import list_actors
+
+    deadline = time.monotonic() + timeout_s
+    with contextlib.suppress(Exception):  # no state API (a cluster without its dashboard): name what is there
+        job = ray.get_runtime_context().get_job_id()
+        filters = [("job_id", "=", job), ("class_name", "=", "RayTrainWorker"), ("state", "!=", "DEAD")]
+        while list_actors(filters=filters, raise_on_missing_output=False) and time.monotonic() < deadline:
+            time.sleep(0.5)
+
+
 def last_checkpoint(run: Storage) -> str:
     """Where the run resumes from, in words."""
     try:
@@ -85,5 +103,6 @@ def stopped_by_signal(run: Storage) -> Iterator[Stop]:
             with contextlib.suppress(ValueError, TypeError):  # not the main thread: nothing was installed
                 signal.signal(sig, handler)
     if stop.signum is not None:
+        wait_for_workers()
         raise Interrupted(f"interrupted by {signal.Signals(stop.signum).name}: the run stopped; "
                           f"{last_checkpoint(run)}")
