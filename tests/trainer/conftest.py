@@ -116,7 +116,9 @@ def ray_cluster():
         ray_start_head(temp_dir, port, dash_port),
         # PATH is left as it is, as after `.venv/bin/ray start` without activating the virtualenv:
         # a bare `python` there has no torch, and jobs must still find the interpreter that does.
-        env={**os.environ, **auth},
+        # RAY_ADDRESS: Ray Train's own actors (its placement-group cleaner) call the state API without an address,
+        # which fails while a second cluster runs on this machine (test_train_ray starts one)
+        env={**os.environ, **auth, "RAY_ADDRESS": f"127.0.0.1:{port}"},
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     saved = {k: os.environ.get(k) for k in auth}
     os.environ.update(auth)
