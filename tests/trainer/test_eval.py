@@ -98,3 +98,16 @@ def test_an_unknown_eval_strategy_and_the_best_checkpoint_are_refused_with_the_f
                "load_best_model_at_end": True}, {})
     text = "\n".join(e.value.problems)
     assert "use eval_strategy: steps, epoch or no" in text and "best checkpoint by eval loss" in text
+
+
+@pytest.mark.parametrize("settings, says", [
+    ({"eval_each_epoch": True}, "at the end of every epoch"),
+    ({"eval_every": 5}, "every 5 steps"),
+    ({"eval_on_start": True, "eval_every": 5, "eval_each_epoch": True},
+     "at the start, every 5 steps and at the end of every epoch"),
+    ({}, "never"),
+])
+def test_the_preflight_says_when_the_held_out_loss_is_measured(settings, says):
+    from trainer.jobs.launch import eval_schedule
+
+    assert eval_schedule(TrainConfig(**settings)) == says

@@ -215,8 +215,7 @@ def _check_data(cfg: TrainConfig, tokenizer, dataset_fs: Any, info: dict, *, ful
             except DataError as e:
                 raise DataError(f"the held-out data to evaluate ({flag('eval_dataset')}, else the {flag('eval_split')} "
                                 f"{cfg.eval_split!r} of {flag('dataset')}): {e}") from None
-            info["notes"].append(f"evaluation: {held_out.num_rows:,} packed rows every {cfg.eval_every} steps"
-                                 if cfg.eval_every else f"evaluation: {held_out.num_rows:,} packed rows at the start")
+            info["notes"].append(f"evaluation: {held_out.num_rows:,} packed rows {eval_schedule(cfg)}")
         return
     records = load_records(cfg.dataset, cfg.dataset_split, config=cfg.dataset_config,
                            storage_fs=dataset_fs, limit=100, cache_dir=cfg.resolved_cache_dir)
@@ -309,6 +308,16 @@ def _fit_with_retries(cfg: TrainConfig, run: Storage, storage_filesystem: Any, *
             failures += 1
             print(f"attempt {failures} failed ({failure_summary(e)}); restarting from the last complete checkpoint "
                   f"(retry {failures} of --max-failures {cfg.max_failures})", file=sys.stderr, flush=True)
+
+
+def eval_schedule(cfg: TrainConfig) -> str:
+    """When the held-out loss is measured, in words, from the three settings that ask for it."""
+    when = [words for asked, words in ((cfg.eval_on_start, "at the start"),
+                                       (cfg.eval_every, f"every {cfg.eval_every} steps"),
+                                       (cfg.eval_each_epoch, "at the end of every epoch")) if asked]
+    if not when:
+        return "never"
+    return when[0] if len(when) == 1 else ", ".join(when[:-1]) + " and " + when[-1]
 
 
 def storage_default(environ=None) -> dict[str, str] | None:
