@@ -58,7 +58,7 @@ def test_an_attention_implementation_the_model_lacks_is_refused_naming_the_flag(
 
 
 def test_a_model_that_mixes_packed_documents_trains_one_document_per_row_with_the_cost_noted(tmp_path, demo_assets,
-                                                                                           trainer_cache):
+                                                                                           trainer_cache, monkeypatch):
     opt = tiny_folder("opt", tmp_path / "opt")  # its mask is built without the position ids
     info = preflight(run_config(opt, demo_assets, storage_path=str(tmp_path / "runs"), cache_dir=str(trainer_cache)))
     assert info["behaviour"].packing == behaviour.ONE_PER_ROW
@@ -67,10 +67,20 @@ def test_a_model_that_mixes_packed_documents_trains_one_document_per_row_with_th
     note = next(n for n in info["notes"] if n.startswith("documents are trained one per row"))
     assert "second document's logits differ" in note and f"{data['rows']:,} rows of" in note
     assert f"against {data['packed_rows']:,} rows" in note
-    # the workers pack by the same measurement (trainer.loop.run.fetch_inputs)
-    from transformers import AutoConfig
+    # the workers pack by the driver's verdict, handed to them, and measure nothing again
+    from trainer.jobs.launch import build_trainer
+    from trainer.loop import run as loop_run
+    from trainer.storage import Storage
 
-    assert behaviour.documents_per_row(AutoConfig.from_pretrained(opt), "sdpa") == info["behaviour"].reason
+    cfg = run_config(opt, demo_assets, storage_path=str(tmp_path / "runs"), cache_dir=str(trainer_cache))
+    handed = build_trainer(cfg, one_per_row=info["behaviour"].one_per_row).train_loop_config
+    assert handed[loop_run.ONE_PER_ROW_KEY] == info["behaviour"].reason != ""
+    monkeypatch.setattr(loop_run, "documents_per_row", lambda *a: pytest.fail("measured again on a worker"))
+    worker = loop_run.fetch_inputs(cfg, Storage.from_uri(cfg.run_uri), None, handed[loop_run.ONE_PER_ROW_KEY])
+    assert worker.data.num_rows == data["rows"]
+    # without a verdict (a run started without its pre-flight) the worker measures the same one
+    monkeypatch.undo()
+    assert loop_run.fetch_inputs(cfg, Storage.from_uri(cfg.run_uri), None).data.num_rows == data["rows"]
     # a model that keeps documents apart packs several per row
     packed = preflight(run_config(demo_assets["model"], demo_assets, storage_path=str(tmp_path / "runs2"),
                                   cache_dir=str(trainer_cache)))

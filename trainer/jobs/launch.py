@@ -33,7 +33,7 @@ from trainer.jobs.failures import failure_summary, retryable, user_error
 from trainer.jobs.plan import run_refusal
 from trainer.loop.behaviour import measure
 from trainer.loop.metrics import credential_problems, missing_backends
-from trainer.loop.run import CHAT_TEMPLATE_KEY, train_func
+from trainer.loop.run import CHAT_TEMPLATE_KEY, ONE_PER_ROW_KEY, train_func
 from trainer.model import adapters
 from trainer.model.build import check_architecture, check_checkpoint
 from trainer.model.errors import ModelSourceError
@@ -237,8 +237,9 @@ def scaling_config(cfg: TrainConfig):
 
 
 def build_trainer(cfg: TrainConfig, storage_filesystem: Any = None, *, quiet: bool = False,
-                  inputs: dict | None = None):
-    """TorchTrainer running trainer.loop.run.train_func; `quiet` hides Ray Train's own INFO logs.
+                  inputs: dict | None = None, one_per_row: str | None = None):
+    """TorchTrainer running trainer.loop.run.train_func; `quiet` hides Ray Train's own INFO logs; `inputs` and
+    `one_per_row` (the pre-flight's packing verdict) travel to the workers, which then need not measure again.
 
     Ray retries nothing itself (max_failures 0; train() decides); preemptions keep Ray's own
     budget (FailureConfig.max_preemption_failures, unlimited by default).
@@ -255,6 +256,8 @@ def build_trainer(cfg: TrainConfig, storage_filesystem: Any = None, *, quiet: bo
         loop_config[CHAT_TEMPLATE_KEY] = read_chat_template(cfg.chat_template, fs)
     if inputs is not None:
         loop_config[resume.INPUTS_KEY] = inputs
+    if one_per_row is not None:
+        loop_config[ONE_PER_ROW_KEY] = one_per_row
     return TorchTrainer(
         train_func,
         train_loop_config=loop_config,
@@ -282,15 +285,19 @@ def train(cfg: TrainConfig, storage_filesystem: Any = None, *, check: bool = Tru
     failure of a worker is raised at once (a UserError: exit 2).
     """
 
+    one_per_row = None
     if check:
-        inputs = preflight(cfg, storage_filesystem)["inputs"]
+        found = preflight(cfg, storage_filesystem)
+        inputs = found["inputs"]
+        one_per_row = found["behaviour"].one_per_row if found.get("behaviour") is not None else None
     check_capacity(cfg.num_workers, cfg.use_gpu, cfg.pool)
     run = Storage.from_uri(cfg.run_uri, fs=storage_filesystem)
     with run_lock.held(run, cfg.resolved_run_name):  # one run at a time trains into a run folder
-        return _fit_with_retries(cfg, run, storage_filesystem, quiet=quiet, inputs=inputs)
+        return _fit_with_retries(cfg, run, storage_filesystem, quiet=quiet, inputs=inputs, one_per_row=one_per_row)
 
 
-def _fit_with_retries(cfg: TrainConfig, run: Storage, storage_filesystem: Any, *, quiet: bool, inputs: dict | None):
+def _fit_with_retries(cfg: TrainConfig, run: Storage, storage_filesystem: Any, *, quiet: bool, inputs: dict | None,
+                      one_per_row: str | None):
     failures = 0
     while True:
         note = ckpt.repair_ray_record(run)  # every attempt: Ray's controller reads the record at its start
@@ -298,7 +305,8 @@ def _fit_with_retries(cfg: TrainConfig, run: Storage, storage_filesystem: Any, *
             print(f"note: {note}", file=sys.stderr, flush=True)
         try:
             with interrupt.stopped_by_signal(run) as stop:  # SIGINT, SIGTERM: exit 130 naming the checkpoint
-                return stop.attach(build_trainer(cfg, storage_filesystem, quiet=quiet, inputs=inputs)).fit()
+                trainer = build_trainer(cfg, storage_filesystem, quiet=quiet, inputs=inputs, one_per_row=one_per_row)
+                return stop.attach(trainer).fit()
         except Exception as e:
             found = user_error(e)
             if found is not None:

@@ -39,6 +39,8 @@ from trainer.storage import Storage
 log = logging.getLogger("trainer")
 
 CHAT_TEMPLATE_KEY = "chat_template_text"  # train_loop_config key: --chat-template's text, read by the driver
+# train_loop_config key: the driver's verdict on packing (trainer.loop.behaviour), "" when documents share rows
+ONE_PER_ROW_KEY = "documents_one_per_row"
 DATA_COUNTS = ("records", "documents", "rows", "truncated", "dropped", "drop_reasons", "too_long", "longest_tokens",
                "longest_record", "packed_rows", "one_per_row")
 
@@ -56,15 +58,16 @@ class Inputs(NamedTuple):
 
 def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *, latest_checkpoint: str | None = None,
         reporter: Reporter | None = None, preemption: Callable[[], Any] | None = None,
-        chat_template: str | None = None, inputs: dict | None = None) -> dict:
+        chat_template: str | None = None, inputs: dict | None = None, one_per_row: str | None = None) -> dict:
     """Train to the configured number of steps; returns the last logged metrics.
 
     `preemption` (ray.train.get_preemption_info under Ray) is asked at logging steps (trainer.loop.checkpointer);
     `chat_template` (the text of --chat-template, read by the driver) replaces the tokenizer's; `inputs`
-    (the driver's trainer.run_folder.resume.inputs) go into run.json.
+    (the driver's trainer.run_folder.resume.inputs) go into run.json; `one_per_row` is the driver's packing verdict
+    (measured here when None).
     """
     torch.manual_seed(cfg.seed)
-    model_path, tokenizer, data, eval_data = fetch_inputs(cfg, storage, chat_template)
+    model_path, tokenizer, data, eval_data = fetch_inputs(cfg, storage, chat_template, one_per_row)
     steps, gb = cfg.total_steps(data.steps_per_epoch(cfg.global_batch_size)), cfg.global_batch_size
     data.step_rows(0, gb, cfg.seed)  # fails early if the data is smaller than one batch
     model = build_model(model_path, device=env.device, use_gpu=cfg.use_gpu, mesh=env.mesh,
@@ -127,7 +130,8 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *, latest_checkpoint
     return last
 
 
-def fetch_inputs(cfg: TrainConfig, storage: Storage, chat_template: str | None) -> Inputs:
+def fetch_inputs(cfg: TrainConfig, storage: Storage, chat_template: str | None,
+                 one_per_row: str | None = None) -> Inputs:
     """Model, tokenizer and packed data, downloaded and tokenized once per node into its cache.
 
     s3:// inputs go through the run storage's filesystem when that is remote (same endpoint and credentials).
@@ -141,7 +145,8 @@ def fetch_inputs(cfg: TrainConfig, storage: Storage, chat_template: str | None) 
     if chat_template:
         tokenizer.chat_template = chat_template
     set_eos_token(tokenizer, cfg.eos_token)
-    one_per_row = documents_per_row(AutoConfig.from_pretrained(str(model_path)), cfg.attn_implementation)
+    if one_per_row is None:  # no driver's verdict (a run started without its pre-flight): measured here
+        one_per_row = documents_per_row(AutoConfig.from_pretrained(str(model_path)), cfg.attn_implementation)
     data = prepare(DataSpec.from_config(cfg, one_per_row), tokenizer=tokenizer, seq_len=cfg.seq_len,
                    cache_dir=cache_dir, storage_fs=remote_fs)
     eval_data = prepare(DataSpec.eval_from_config(cfg, one_per_row), tokenizer=tokenizer, seq_len=cfg.seq_len,
@@ -190,6 +195,7 @@ def train_func(config: dict) -> None:
     config = dict(config)
     chat_template = config.pop(CHAT_TEMPLATE_KEY, None)
     inputs = config.pop(INPUTS_KEY, None)
+    one_per_row = config.pop(ONE_PER_ROW_KEY, None)
     cfg = TrainConfig.from_dict(config)
     ctx = ray.train.get_context()
     device = None
@@ -206,6 +212,6 @@ def train_func(config: dict) -> None:
         report_to_ray(metrics, checkpoint_path, storage)
 
     run(cfg, env, storage, latest_checkpoint=latest.path if latest else None, reporter=reporter,
-        preemption=ray.train.get_preemption_info, chat_template=chat_template, inputs=inputs)
+        preemption=ray.train.get_preemption_info, chat_template=chat_template, inputs=inputs, one_per_row=one_per_row)
     if dist.is_initialized():
         dist.barrier()
