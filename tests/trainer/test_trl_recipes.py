@@ -39,7 +39,7 @@ REFUSED = {
     "handbook-smollm2-sft.yaml": {
         "push_to_hub": PUSH, "hub_model_id": PUSH, "hub_strategy": PUSH},
     "handbook-smollm3-sft.yaml": {
-        "model_revision": "only the hub's main revision is downloaded", "trust_remote_code": "no trust_remote_code",
+        "trust_remote_code": "no trust_remote_code",
         "gradient_checkpointing_kwargs": "set use_reentrant: false",
         "packing_strategy": "use packing_strategy: bfd",
         "push_to_hub": PUSH, "hub_strategy": PUSH},
@@ -122,7 +122,7 @@ def test_keys_whose_value_does_nothing_here_are_accepted_and_recorded():
     values = {"model_name_or_path": "m", "dataset_name": "d", "do_eval": False, "eval_strategy": "no",
               "per_device_eval_batch_size": 4, "log_level": "info", "dataset_num_proc": 12,
               "overwrite_output_dir": True, "gradient_checkpointing_kwargs": {"use_reentrant": False},
-              "push_to_hub": False, "hub_model_id": "me/model", "bf16": True, "model_revision": "main",
+              "push_to_hub": False, "hub_model_id": "me/model", "bf16": True,
               "remove_unused_columns": True, "save_strategy": "no"}
     cfg = merge(values, {})
     assert set(cfg.sources["accepted"]) == set(values) - {"model_name_or_path", "dataset_name",
@@ -173,6 +173,7 @@ def _check_against_trl(cfg, values: dict, workers: int) -> None:
     report_to = values.get("report_to", "none")
     assert cfg.report_to == (",".join(report_to) if isinstance(report_to, list) else report_to)
     assert cfg.model == values["model_name_or_path"]
+    assert cfg.model_revision == values.get("model_revision")  # TRL's ModelConfig: the hub revision downloaded
     assert cfg.chat_template == values.get("chat_template")
 
 

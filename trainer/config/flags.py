@@ -148,6 +148,11 @@ class TrainConfig:
                            trl=("dataset_name", "dataset_mixture"), shown_default="required")
     tokenizer: str | None = setting(None, "tokenizer location if different from --model",
                                     shown_default="the model's")
+    model_revision: str | None = setting(None, "revision (branch, tag or commit) of a hub --model to download, "
+                                               "its tokenizer's too unless --tokenizer is given",
+                                         check=lambda v: None if v is None or (v.strip() and v == v.strip())
+                                         else "must be a branch, tag or commit name without spaces",
+                                         trl=("model_revision",), shown_default="main")
     dataset_split: str = setting("train", "split to read (datasets' slicing works: train[:1000])",
                                  trl=("dataset_train_split",))
     dataset_config: str | None = setting(None, "hub dataset configuration (subset) name", trl=("dataset_config",))

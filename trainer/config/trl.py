@@ -129,9 +129,6 @@ ACCEPTED: dict[str, tuple[Callable[..., bool], str, str]] = {
                          "must be true or false"),
     "dataset_streaming": (_is(False), "the dataset is read whole",
                           "datasets are read whole and cached per node; set dataset_streaming: false"),
-    "model_revision": (_is("main", None), "the hub's main revision is the one downloaded",
-                       "only the hub's main revision is downloaded here; pin the model by downloading that "
-                       "revision to a folder (hf download ID --revision R --local-dir DIR) and pass the folder"),
     "optim": (_is("adamw_torch", "adamw_torch_fused"), "the optimizer is AdamW (fused on GPU)", REFUSED["optim"]),
     "trust_remote_code": (_is(False), "no custom model code is run",
                           "models with custom code are not loaded (no trust_remote_code); set it false or remove it"),

@@ -41,6 +41,7 @@ from trainer.model.sources import (
     check_weights,
     describe_source,
     local_model_dir,
+    pinned,
     read_model_config,
     set_eos_token,
     tokenizer_only,
@@ -71,7 +72,8 @@ def read_chat_template(spec: str, storage_fs: Any = None) -> str:
 
 def preflight_tokenizer(cfg: TrainConfig, storage_fs: Any = None):
     """The tokenizer the workers will use (only its files are fetched), --chat-template applied."""
-    tok = tokenizer_only(cfg.tokenizer or cfg.model, cfg.resolved_cache_dir, storage_fs=storage_fs)
+    tok = tokenizer_only(cfg.tokenizer or cfg.model, cfg.resolved_cache_dir, storage_fs=storage_fs,
+                         revision=None if cfg.tokenizer else cfg.model_revision)
     if cfg.chat_template:
         tok.chat_template = read_chat_template(cfg.chat_template, storage_fs)
     set_eos_token(tok, cfg.eos_token)
@@ -154,7 +156,11 @@ def _check_model(cfg: TrainConfig, fs_for: Callable[[str], Any], info: dict, pro
     Whether the model is usable (then its identity is recorded for resumption)."""
     model_ok = False
     try:
-        mcfg = read_model_config(cfg.model, storage_fs=fs_for(cfg.model))
+        if pinned(cfg.model_revision) and describe_source(cfg.model) != "hub":
+            raise ModelSourceError(f"--model-revision {cfg.model_revision!r} (model_revision): applies to a Hugging "
+                                   f"Face hub model, and {cfg.model!r} is a {describe_source(cfg.model)} one (it holds "
+                                   f"one revision); drop it or set it to main")
+        mcfg = read_model_config(cfg.model, storage_fs=fs_for(cfg.model), revision=cfg.model_revision)
         info["model_type"] = getattr(mcfg, "model_type", "?")
         info["vocab_size"] = getattr(mcfg, "vocab_size", None)
         limit = getattr(mcfg, "max_position_embeddings", None)
@@ -170,7 +176,8 @@ def _check_model(cfg: TrainConfig, fs_for: Callable[[str], Any], info: dict, pro
         too_big, info["plan"] = run_refusal(cfg, mcfg)  # GPU memory per worker, before any GPU is paid for
         if too_big:
             problems.append(f"{flag('model')} {cfg.model}: {too_big}")
-        info["weights"] = check_weights(cfg.model, storage_fs=fs_for(cfg.model), random_init=cfg.random_init)
+        info["weights"] = check_weights(cfg.model, storage_fs=fs_for(cfg.model), random_init=cfg.random_init,
+                                        revision=cfg.model_revision)
         if info["weights"] and not cfg.random_init and describe_source(cfg.model) == "local":
             check_checkpoint(mcfg, local_model_dir(cfg.model))  # every tensor of the model in the files
         model_ok = _check_behaviour(cfg, mcfg, info, problems)

@@ -135,7 +135,7 @@ def fetch_inputs(cfg: TrainConfig, storage: Storage, chat_template: str | None) 
     from transformers import AutoConfig
 
     cache_dir, remote_fs = cfg.resolved_cache_dir, None if storage.is_local else storage.fs
-    model_path = resolve_model_path(cfg.model, cache_dir, storage_fs=remote_fs)
+    model_path = resolve_model_path(cfg.model, cache_dir, storage_fs=remote_fs, revision=cfg.model_revision)
     tokenizer = load_tokenizer(resolve_model_path(cfg.tokenizer, cache_dir, storage_fs=remote_fs)
                                if cfg.tokenizer else model_path)
     if chat_template:
