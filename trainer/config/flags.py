@@ -232,6 +232,10 @@ class TrainConfig:
                                     result=False)
     checkpoint_each_epoch: bool = setting(False, "save a checkpoint at the end of every epoch too (TRL: "
                                                  "save_strategy: epoch)", trl=("save_strategy",), result=False)
+    keep_best: bool = setting(False, "keep the checkpoint with the lowest eval loss and export it instead of the last "
+                                     "(evaluates at every checkpoint; Ray keeps the best --num-to-keep and the latest)",
+                              trl=("load_best_model_at_end", "metric_for_best_model", "greater_is_better"),
+                              result=False)
     num_to_keep: int = setting(2, "checkpoints Ray keeps in storage",
                                check=at_least(1, " (the latest checkpoint is needed to resume)"),
                                trl=("save_total_limit",), result=False)
@@ -501,6 +505,9 @@ def validate(cfg: TrainConfig) -> None:
         if why:
             add(name, why)
     _across(cfg, bad, add, problems)
+    if cfg.keep_best and not (cfg.eval_every or cfg.eval_each_epoch):
+        add("keep_best", "needs held-out evaluation during the run: pass --eval-every N or --eval-each-epoch (TRL: "
+                         "eval_strategy: steps or epoch), with --eval-dataset or an --eval-split of --dataset")
     problems.raise_if_any(ConfigError)
 
 

@@ -244,6 +244,17 @@ def scaling_config(cfg: TrainConfig):
                          label_selector=ray_facts.pool_labels(cfg.pool) if cfg.pool else None)
 
 
+def checkpoint_config(cfg: TrainConfig):
+    """Ray's retention: the newest --num-to-keep, or with --keep-best the best by eval loss (Ray keeps the latest
+    too, to resume from)."""
+    from ray.train import CheckpointConfig
+
+    if cfg.keep_best:
+        return CheckpointConfig(num_to_keep=cfg.num_to_keep, checkpoint_score_attribute="eval_loss",
+                                checkpoint_score_order="min")
+    return CheckpointConfig(num_to_keep=cfg.num_to_keep)
+
+
 def build_trainer(cfg: TrainConfig, storage_filesystem: Any = None, *, quiet: bool = False,
                   inputs: dict | None = None):
     """TorchTrainer running trainer.loop.run.train_func; `quiet` hides Ray Train's own INFO logs.
@@ -251,7 +262,7 @@ def build_trainer(cfg: TrainConfig, storage_filesystem: Any = None, *, quiet: bo
     Ray retries nothing itself (max_failures 0; train() decides); preemptions keep Ray's own
     budget (FailureConfig.max_preemption_failures, unlimited by default).
     """
-    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig
+    from ray.train import FailureConfig, LoggingConfig, RunConfig
     from ray.train.torch import TorchTrainer
 
     storage_path = cfg.storage_path
@@ -272,7 +283,7 @@ def build_trainer(cfg: TrainConfig, storage_filesystem: Any = None, *, quiet: bo
             storage_path=storage_path,
             storage_filesystem=storage_filesystem,
             failure_config=FailureConfig(max_failures=0),
-            checkpoint_config=CheckpointConfig(num_to_keep=cfg.num_to_keep),
+            checkpoint_config=checkpoint_config(cfg),
             worker_runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "TRAINER_QUIET_RAY": str(int(quiet))}},
             logging_config=LoggingConfig(log_level="WARNING" if quiet else "INFO"),
         ),

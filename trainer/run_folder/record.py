@@ -144,6 +144,14 @@ def write_run_record(storage, cfg, *, device, rank: int, world_size: int, data_m
     return record
 
 
+def record_best(storage, record: dict | None, best: dict | None) -> None:
+    """Rank 0: the checkpoint kept as the best by eval loss (--keep-best), the one exported, into run.json."""
+    if record is None:
+        return
+    record["best_checkpoint"] = best
+    storage.write_text(json.dumps(record, indent=1, default=str), RUN_RECORD)
+
+
 def record_eval(storage, record: dict | None, results: list[dict]) -> None:
     """Rank 0: the eval losses so far (step, eval_loss, eval_tokens) and the best one into run.json."""
     if record is None or not results:
