@@ -141,3 +141,4 @@ def test_load_best_model_at_end_keeps_and_exports_the_checkpoint_with_the_lowest
     assert exported == pytest.approx(losses[2], rel=2e-3) and abs(exported - losses[2]) < abs(exported - losses[4]) / 10
     events = [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
     assert [e["step"] for e in events if e["event"] == "best_checkpoint"] == [2]
+    assert "exported: the best checkpoint by eval loss, step 2" in (folder / "model" / "README.md").read_text()

@@ -115,6 +115,8 @@ def model_card(record: dict, final: dict, steps: int, tokens: int) -> str:
         "## Training", "",
         f"- steps: {steps}, tokens: {tokens:,}",
         f"- final loss: {loss:.4f}" if isinstance(loss, (int, float)) else "- final loss: n/a",
+        *([f"- exported: the best checkpoint by eval loss, step {best['step']} (eval loss {best['eval_loss']:.4f})"]
+          if (best := final.get("best_checkpoint")) else []),
         *[f"- {k}: {v}" for k, v in hyper.items()], "",
         "## Hardware", "",
         f"- {hw['world_size']} worker(s) on {hw['nodes']} node(s): {device}"
