@@ -26,33 +26,21 @@ from trainer.config.load import merge, parse
 
 RECIPES = Path(__file__).parent / "data" / "trl_recipes"
 SOURCES = json.loads((RECIPES / "SOURCES.json").read_text())
-PUSH = "set push_to_hub: false"
 UNPACKED = "packing: false is not supported"
 # recipe -> {refused key: the reason's words}; every other key of the recipe is applied or accepted
 REFUSED = {
     "trl-example_config.yaml": {},
-    "handbook-zephyr-7b-beta-sft-full.yaml": {
-        "push_to_hub": PUSH, "hub_model_id": PUSH, "hub_strategy": PUSH},
+    "handbook-zephyr-7b-beta-sft-full.yaml": {},
     "handbook-zephyr-7b-gemma-sft-full.yaml": {
-        "push_to_hub": PUSH, "hub_model_id": PUSH, "hub_strategy": PUSH,
         "dataset_kwargs": "datasets and models are prepared by this trainer"},
-    "handbook-smollm2-sft.yaml": {
-        "push_to_hub": PUSH, "hub_model_id": PUSH, "hub_strategy": PUSH},
+    "handbook-smollm2-sft.yaml": {},
     "handbook-smollm3-sft.yaml": {
-        "trust_remote_code": "no trust_remote_code",
-        "gradient_checkpointing_kwargs": "set use_reentrant: false",
-        "packing_strategy": "use packing_strategy: bfd",
-        "push_to_hub": PUSH, "hub_strategy": PUSH},
-    "handbook-constitutional-ai-sft-anthropic.yaml": {
-        "push_to_hub": PUSH, "hub_model_id": PUSH, "hub_strategy": PUSH},
-    "handbook-starchat2-15b-sft.yaml": {
-        "push_to_hub": PUSH, "hub_model_id": PUSH, "hub_strategy": PUSH},
-    "open-r1-olympiccoder-7b-sft.yaml": {
-        "packing": UNPACKED, "push_to_hub": PUSH, "hub_model_id": PUSH,
-        "hub_strategy": PUSH},
-    "open-r1-openr1-distill-7b-sft.yaml": {
-        "packing": UNPACKED, "push_to_hub": PUSH, "hub_model_id": PUSH,
-        "hub_strategy": PUSH},
+        "trust_remote_code": "no trust_remote_code", "gradient_checkpointing_kwargs": "set use_reentrant: false",
+        "packing_strategy": "use packing_strategy: bfd"},
+    "handbook-constitutional-ai-sft-anthropic.yaml": {},
+    "handbook-starchat2-15b-sft.yaml": {},
+    "open-r1-olympiccoder-7b-sft.yaml": {"packing": UNPACKED},
+    "open-r1-openr1-distill-7b-sft.yaml": {"packing": UNPACKED},
 }
 # keys `trl sft` reads that are not SFTConfig's (ScriptArguments / ModelConfig / the recipe script's own)
 NOT_SFT_CONFIG = {"model_name_or_path", "model_revision", "torch_dtype", "attn_implementation", "dataset_name",
@@ -126,7 +114,8 @@ def test_keys_whose_value_does_nothing_here_are_accepted_and_recorded():
               "remove_unused_columns": True, "save_strategy": "no"}
     cfg = merge(values, {})
     assert set(cfg.sources["accepted"]) == set(values) - {"model_name_or_path", "dataset_name",
-                                                          "per_device_eval_batch_size", "save_strategy"}
+                                                          "per_device_eval_batch_size", "save_strategy",
+                                                          "push_to_hub", "hub_model_id"}  # (these two: applied)
     assert cfg.checkpoint_every == 0 and cfg.eval_every == 0  # save_strategy: no: only the final checkpoint
     with pytest.raises(ConfigError) as e:
         merge({**values, "eval_strategy": "best", "gradient_checkpointing_kwargs": {"use_reentrant": True}}, {})
@@ -174,6 +163,7 @@ def _check_against_trl(cfg, values: dict, workers: int) -> None:
     assert cfg.report_to == (",".join(report_to) if isinstance(report_to, list) else report_to)
     assert cfg.model == values["model_name_or_path"]
     assert cfg.model_revision == values.get("model_revision")  # TRL's ModelConfig: the hub revision downloaded
+    assert (cfg.push_to_hub, cfg.hub_model_id) == (values.get("push_to_hub", False), values.get("hub_model_id"))
     assert cfg.chat_template == values.get("chat_template")
 
 

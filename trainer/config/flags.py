@@ -266,6 +266,14 @@ class TrainConfig:
     peak_tflops: float | None = setting(None, "device peak dense TFLOP/s for MFU", check=positive, result=False,
                                         shown_default="looked up from the device name")
     export: bool = setting(True, "export a Hugging Face model folder at the end", result=False)
+    push_to_hub: bool = setting(False, "upload the exported model folder to the Hugging Face Hub at the end (token: "
+                                       "HF_TOKEN or `huggingface-cli login`)", trl=("push_to_hub",), result=False)
+    hub_model_id: str | None = setting(None, "the Hub repository --push-to-hub uploads to (a bare name: the token's "
+                                             "namespace)", trl=("hub_model_id",), result=False,
+                                       shown_default="the run name")
+    hub_private_repo: bool | None = setting(None, "create the --push-to-hub repository private (an existing one keeps "
+                                                  "its visibility)", trl=("hub_private_repo",), result=False,
+                                            shown_default="the Hub's default")
     progress: bool = setting(True, "show a progress bar on rank 0", result=False)
     fail_at_step: int = setting(0, "testing aid: raise once at this step (first attempt only) to exercise recovery",
                                 check=not_negative, result=False)

@@ -45,8 +45,6 @@ _REFUSED_BY_REASON = {
     "the optimizer is AdamW (fused on GPU); other optimizers are not supported": ("optim",),
     "evaluation packs rows as training does; remove the key": ("eval_packing",),
     "pass the held-out data with --eval-dataset": ("eval_dataset_name",),
-    "the exported model folder is not uploaded; set push_to_hub: false (or remove it) and upload the exported "
-    "folder yourself (hf upload)": ("push_to_hub",),
     "metrics go to the run folder (metrics.jsonl, tensorboard/)": ("logging_dir",),
     "metrics are logged every logging_steps steps, the first step included; remove the key": ("logging_first_step",),
     "resubmitting the same run name resumes from its last complete checkpoint": ("resume_from_checkpoint",),
@@ -114,13 +112,10 @@ ACCEPTED: dict[str, tuple[Callable[..., bool], str, str]] = {
         "activation checkpointing is non-reentrant, as asked",
         "activation checkpointing is non-reentrant here (the gradients are the same); set use_reentrant: false "
         "or remove the key"),
-    "push_to_hub": (_is(False), "nothing is uploaded", REFUSED["push_to_hub"]),
-    "hub_model_id": (lambda v, hf: hf.get("push_to_hub") is not True, "used only by push_to_hub, which is off",
-                     REFUSED["push_to_hub"]),
-    "hub_strategy": (lambda v, hf: hf.get("push_to_hub") is not True, "used only by push_to_hub, which is off",
-                     REFUSED["push_to_hub"]),
-    "hub_private_repo": (lambda v, hf: hf.get("push_to_hub") is not True, "used only by push_to_hub, which is off",
-                         REFUSED["push_to_hub"]),
+    "hub_strategy": (lambda v, hf: hf.get("push_to_hub") is not True or v in ("end", "every_save"),
+                     "push_to_hub uploads the exported model once, when training ends (checkpoints are not pushed)",
+                     "checkpoints are not pushed (resubmitting the run name resumes from storage); use hub_strategy: "
+                     "end or every_save (the exported model, uploaded when training ends)"),
     "average_tokens_across_devices": (_is(True), "the loss is the mean over the trained tokens of all workers",
                                       "the loss is always the mean over the trained tokens of all workers; set "
                                       "average_tokens_across_devices: true or remove it"),
@@ -237,7 +232,8 @@ def is_hf_key(name: str) -> bool:
 
 # names both trainers use, read with transformers' rules (a float warmup_steps below 1 is a ratio, report_to and
 # lora_target_modules a list)
-SHARED_SEMANTICS = {"warmup_steps", "warmup_ratio", "report_to", "lora_target_modules"}
+SHARED_SEMANTICS = {"warmup_steps", "warmup_ratio", "report_to", "lora_target_modules",
+                    "push_to_hub"}  # (hub_strategy's check reads it)
 
 
 def translate(values: Mapping[str, Any], source: str, ours: set[str],

@@ -48,7 +48,8 @@ from trainer.model.sources import (
 )
 from trainer.run_folder import checkpoint as ckpt
 from trainer.run_folder import lock as run_lock
-from trainer.run_folder import resume
+from trainer.run_folder import publish, resume
+from trainer.run_folder.export import EXPORT_DIR
 from trainer.storage import Storage, location_problem
 
 
@@ -122,6 +123,7 @@ def preflight(cfg: TrainConfig, storage_filesystem: Any = None, *, full_data: bo
         problems += vocabulary_problems(cfg, tokenizer, info.get("vocab_size"))
     if full_data:  # where the job runs (`trainer submit` checks here without the job's --env)
         problems += credential_problems(cfg.reporters)
+        problems += publish.problems(cfg)
     try:
         _check_data(cfg, tokenizer, fs_for(cfg.dataset), info, full_data=full_data, for_run=for_run)
     except DataError as e:
@@ -306,7 +308,10 @@ def train(cfg: TrainConfig, storage_filesystem: Any = None, *, check: bool = Tru
     check_capacity(cfg.num_workers, cfg.use_gpu, cfg.pool)
     run = Storage.from_uri(cfg.run_uri, fs=storage_filesystem)
     with run_lock.held(run, cfg.resolved_run_name):  # one run at a time trains into a run folder
-        return _fit_with_retries(cfg, run, storage_filesystem, quiet=quiet, inputs=inputs)
+        result = _fit_with_retries(cfg, run, storage_filesystem, quiet=quiet, inputs=inputs)
+    if cfg.push_to_hub and result.error is None:  # as transformers' Trainer.push_to_hub at the end of training
+        print(f"pushed {run.path(EXPORT_DIR)} to the Hugging Face Hub: {publish.push(run, cfg)}", flush=True)
+    return result
 
 
 def _fit_with_retries(cfg: TrainConfig, run: Storage, storage_filesystem: Any, *, quiet: bool, inputs: dict | None):
