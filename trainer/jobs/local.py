@@ -265,8 +265,10 @@ def _train_on_a_cluster(address: str | None, cfg: TrainConfig, info: dict) -> tu
 
     with contextlib.ExitStack() as stack:
         if address:
-            ctx = connect(address, logging_level="WARNING")
-            stack.callback(ray.shutdown)
+            ctx = None  # a driver already connected (a test's session cluster) stays connected
+            if not ray.is_initialized():
+                ctx = connect(address, logging_level="WARNING")
+                stack.callback(ray.shutdown)
             where = f"the Ray cluster at {address}"
         else:
             ctx = stack.enter_context(own_cluster(max(2, cfg.num_workers)))
