@@ -83,3 +83,21 @@ def test_the_export_folder_is_uploaded_to_the_repo_the_hub_names_with_transforme
     named = TrainConfig(model="m", dataset="d", push_to_hub=True, hub_model_id="org/tiny-sft", run_name="r")
     publish.push(Storage.from_uri(str(tmp_path / "r")), named, api := HubApi(token="t"))
     assert [c[1] for c in api.calls] == ["org/tiny-sft", "org/tiny-sft"]
+
+
+def test_a_failed_upload_is_one_error_line_naming_the_exported_folder_and_how_to_upload_it(tmp_path):
+    class RefusingHub(HubApi):
+        def upload_folder(self, **kw):
+            raise PermissionError("403 Forbidden: token has no write access")
+
+    (tmp_path / "r" / "model").mkdir(parents=True)
+    cfg = TrainConfig(model="m", dataset="d", push_to_hub=True, hub_model_id="org/x", run_name="r")
+    with pytest.raises(publish.PushError) as e:
+        publish.push(Storage.from_uri(str(tmp_path / "r")), cfg, RefusingHub())
+    assert e.value.exit_code == 1 and "\n" not in str(e.value)
+    folder = tmp_path / "r" / "model"
+    assert str(e.value) == (f"the run finished and exported {folder}, but pushing it to the Hugging Face Hub "
+                            f"repository 'org/x' failed (PermissionError: 403 Forbidden: token has no write access); "
+                            f"check the token's write access and the network, then upload it with `hf upload org/x "
+                            f"{folder}`")
+

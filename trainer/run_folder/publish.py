@@ -13,10 +13,17 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from facts.errors import EXIT_FAILED, UserError, first_line
 from trainer.run_folder.export import EXPORT_DIR
 from trainer.storage import Storage
 
 COMMIT_MESSAGE = "End of training"  # transformers' Trainer.push_to_hub
+
+
+class PushError(UserError):
+    """The run finished and exported, the upload did not: the work failed (exit 1), the model is in storage."""
+
+    exit_code = EXIT_FAILED
 
 
 def token() -> str | None:
@@ -48,10 +55,16 @@ def push(run: Storage, cfg, api: Any = None) -> str:
     from huggingface_hub import HfApi
 
     api = api if api is not None else HfApi(token=token())
-    repo = api.create_repo(repo_name(cfg), private=cfg.hub_private_repo, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="push-") as tmp:
-        folder = Path(run.path(EXPORT_DIR)) if run.is_local else Path(tmp) / EXPORT_DIR
-        if not run.is_local:
-            run.download_dir(folder, EXPORT_DIR)
-        commit = api.upload_folder(repo_id=repo.repo_id, folder_path=str(folder), commit_message=COMMIT_MESSAGE)
+    try:
+        repo = api.create_repo(repo_name(cfg), private=cfg.hub_private_repo, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="push-") as tmp:
+            folder = Path(run.path(EXPORT_DIR)) if run.is_local else Path(tmp) / EXPORT_DIR
+            if not run.is_local:
+                run.download_dir(folder, EXPORT_DIR)
+            commit = api.upload_folder(repo_id=repo.repo_id, folder_path=str(folder), commit_message=COMMIT_MESSAGE)
+    except Exception as e:  # noqa: BLE001 - any Hub failure means the same: the model is exported, not uploaded
+        raise PushError(f"the run finished and exported {run.path(EXPORT_DIR)}, but pushing it to the Hugging Face "
+                        f"Hub repository {repo_name(cfg)!r} failed ({first_line(e)}); check the token's write access "
+                        f"and the network, then upload it with `hf upload {repo_name(cfg)} "
+                        f"{run.path(EXPORT_DIR)}`") from None
     return str(getattr(commit, "commit_url", commit))
