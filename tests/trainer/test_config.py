@@ -245,7 +245,7 @@ def test_trl_keys_that_do_not_apply_are_refused_each_with_its_reason(tmp_path):
     f = tmp_path / "sft.yaml"
     f.write_text("packing: false\nbf16: false\nfp16: true\neval_strategy: best\nload_in_4bit: true\n"
                  "lr_scheduler_type: polynomial\nnum_train_epochs: 1.5\noptim: sgd\npush_to_hub: true\n"
-                 "report_to: all\nhub_private_repo: true\ndeepspeed: ds.json\ntorch_empty_cache_steps: 10\n")
+                 "report_to: all\nhub_strategy: checkpoint\ndeepspeed: ds.json\ntorch_empty_cache_steps: 10\n")
     with pytest.raises(ConfigError) as e:
         parse(["--config", str(f), *BASE])
     by_key = {p.split("key ", 1)[1].split(" ", 1)[0].strip("':"): p for p in e.value.problems}
@@ -253,8 +253,8 @@ def test_trl_keys_that_do_not_apply_are_refused_each_with_its_reason(tmp_path):
                "eval_strategy": "use eval_strategy: steps, epoch or no",
                "load_in_4bit": "quantized training is not implemented yet",
                "lr_scheduler_type": "supported: cosine, linear, constant", "num_train_epochs": "whole epochs",
-               "optim": "AdamW", "push_to_hub": "upload the exported folder yourself",
-               "report_to:": "name the backends", "hub_private_repo": "set push_to_hub: false", "deepspeed": "FSDP2",
+               "optim": "AdamW", "report_to:": "name the backends",
+               "hub_strategy": "checkpoints are not pushed", "deepspeed": "FSDP2",
                "torch_empty_cache_steps": "TRL/transformers option with no counterpart"}
     for key, reason in reasons.items():
         problem = by_key[key.rstrip(":")]

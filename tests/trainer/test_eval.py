@@ -92,12 +92,56 @@ def test_trls_eval_strategy_and_steps_set_how_often_the_eval_loss_is_computed(te
     assert cfg.evaluates == bool(want)
 
 
-def test_an_unknown_eval_strategy_and_the_best_checkpoint_are_refused_with_the_fix():
+def test_an_unknown_eval_strategy_a_best_checkpoint_without_evaluation_and_other_metrics_are_refused_with_the_fix():
     with pytest.raises(ConfigError) as e:
         merge({"model_name_or_path": "m", "dataset_name": "d", "eval_strategy": "best",
-               "load_best_model_at_end": True}, {})
+               "load_best_model_at_end": True, "metric_for_best_model": "accuracy", "greater_is_better": True}, {})
     text = "\n".join(e.value.problems)
-    assert "use eval_strategy: steps, epoch or no" in text and "best checkpoint by eval loss" in text
+    assert len(e.value.problems) == 3, text
+    for needle in ("use eval_strategy: steps, epoch or no",
+                   "'metric_for_best_model' = 'accuracy': not applicable here: the only metric evaluated here is the "
+                   "eval loss", "'greater_is_better' = True: not applicable here: the best checkpoint has the lowest"):
+        assert needle in text
+    with pytest.raises(ConfigError, match=r"--keep-best \(keep_best\) = True: needs held-out evaluation during the "
+                                          r"run: pass --eval-every N or --eval-each-epoch"):
+        merge({"model_name_or_path": "m", "dataset_name": "d", "load_best_model_at_end": True}, {})
+
+
+def test_load_best_model_at_end_keeps_and_exports_the_checkpoint_with_the_lowest_eval_loss(process_group, demo_assets,
+                                                                                         tmp_path):
+    """A constant lr of 0.05 makes the tiny model's eval loss rise from step 2 to 4: the best is not the last."""
+    from trainer.jobs.launch import checkpoint_config
+    from trainer.run_folder import checkpoint as ckpt
+
+    trl_yaml = {"model_name_or_path": str(demo_assets["model"]), "dataset_name": str(demo_assets["heldout"]),
+                "load_best_model_at_end": True, "metric_for_best_model": "eval_loss", "greater_is_better": False,
+                "eval_strategy": "steps", "eval_steps": 2, "save_steps": 2, "save_total_limit": 1, "max_steps": 4,
+                "learning_rate": 0.05, "lr_scheduler_type": "constant", "per_device_train_batch_size": 2,
+                "gradient_accumulation_steps": 2, "max_length": 128, "gradient_checkpointing": False}
+    cfg = merge(trl_yaml, {"num_workers": 1, "eval_dataset": str(demo_assets["heldout"]), "progress": False,
+                           "storage_path": str(tmp_path), "run_name": "best", "cache_dir": str(tmp_path / "c")})
+    assert cfg.keep_best and cfg.sources["settings"]["keep_best"] == \
+        "YAML: load_best_model_at_end, metric_for_best_model, greater_is_better"
+    ray_keeps = checkpoint_config(cfg)  # Ray keeps the best by eval loss (and the latest, to resume from)
+    assert (ray_keeps.num_to_keep, ray_keeps.checkpoint_score_attribute, ray_keeps.checkpoint_score_order) == \
+        (1, "eval_loss", "min")
+    run(cfg, setup_parallel(cfg, 0, 1, 0), Storage.from_uri(cfg.run_uri))
+
+    folder = tmp_path / "best"
+    record = json.loads((folder / "run.json").read_text())
+    losses = {r["step"]: r["eval_loss"] for r in record["eval"]["history"]}
+    assert list(losses) == [2, 4] and losses[2] < losses[4]
+    assert record["best_checkpoint"] == {"checkpoint": str(folder / ckpt.dir_name(2)), "step": 2,
+                                         "eval_loss": losses[2]}
+    # save_total_limit 1 keeps the best and the latest (as Ray's score ordering and transformers do)
+    assert sorted(p.name for p in folder.glob("checkpoint_*")) == [ckpt.dir_name(2), ckpt.dir_name(4)]
+    held_out = prepare(DataSpec.eval_from_config(cfg), tokenizer=_tokenizer(cfg), seq_len=cfg.seq_len,
+                       cache_dir=cfg.cache_dir)
+    exported = reference_loss(folder / "model", held_out)  # the best's weights, exported (in bf16: not to the bit)
+    assert exported == pytest.approx(losses[2], rel=2e-3) and abs(exported - losses[2]) < abs(exported - losses[4]) / 10
+    events = [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in events if e["event"] == "best_checkpoint"] == [2]
+    assert "exported: the best checkpoint by eval loss, step 2" in (folder / "model" / "README.md").read_text()
 
 
 @pytest.mark.parametrize("settings, says", [

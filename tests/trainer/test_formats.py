@@ -57,15 +57,16 @@ def model():
     return AutoModelForCausalLM.from_config(demo.model_config())
 
 
-def trl_tokenized(model, tok, rows: list[dict], tmp_path, **sft) -> list[tuple[list[int], list[bool]]]:
-    """input_ids and trained positions (labels != -100) as TRL's SFTTrainer prepares them."""
+def trl_tokenized(model, tok, rows, tmp_path, **sft) -> list[tuple[list[int], list[bool]]]:
+    """input_ids and trained positions (labels != -100) as TRL's SFTTrainer prepares them (rows: dicts or a
+    datasets.Dataset)."""
     import datasets
     from trl import SFTConfig, SFTTrainer
 
     args = SFTConfig(output_dir=str(tmp_path / "trl"), report_to=[], max_length=None, bf16=False, use_cpu=True,
                      gradient_checkpointing=False, **sft)
-    prepared = SFTTrainer(model=model, args=args, train_dataset=datasets.Dataset.from_list(rows),
-                          processing_class=tok).train_dataset
+    dataset = rows if isinstance(rows, datasets.Dataset) else datasets.Dataset.from_list(rows)
+    prepared = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tok).train_dataset
     return [(list(r["input_ids"]), [label != -100 for label in r["labels"]]) for r in prepared]
 
 
@@ -311,3 +312,32 @@ def test_a_records_chat_template_kwargs_reach_the_template_as_in_trl(model, tmp_
     mine = ours(tok, rows, "completion_only")
     assert mine == reference
     assert mine[0] != mine[1]  # the two records' variables rendered differently
+
+
+def test_explicit_json_nulls_in_tool_call_arguments_and_tool_schemas_render_as_trl_renders_them(model, tmp_path):
+    import datasets
+
+    from trainer.data.packing import load_records
+
+    tools = [{"type": "function", "function": {"name": "search", "description": "Search the web", "parameters": {
+        "type": "object", "properties": {"query": {"type": "string"},
+                                         "site": {"type": ["string", "null"], "default": None}},
+        "required": ["query"]}}}]
+    call = {"type": "function", "function": {"name": "search", "arguments": {"query": "ray", "site": None}}}
+    rows = [{"messages": [{"role": "user", "content": "Find ray"},
+                          {"role": "assistant", "content": "", "tool_calls": [call]},
+                          {"role": "tool", "content": "found"}, {"role": "assistant", "content": "Done."}],
+             "tools": tools},
+            {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}]
+    file = tmp_path / "tools.jsonl"
+    file.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tok = tokenizer()
+    # each side reads the file as it does: TRL from datasets' json loader, this trainer through its sources
+    reference = trl_tokenized(model, tok, datasets.load_dataset("json", data_files=str(file), split="train"),
+                              tmp_path, assistant_only_loss=True)
+    renderer = Renderer(tok, "completion")
+    mine = [renderer.encode(to_example(r, f"record {i}")) for i, r in enumerate(load_records(str(file)))]
+    assert mine == reference
+    text = tok.decode(mine[0][0])
+    assert '"arguments": {"query": "ray", "site": null}' in text  # the call's null argument, as the data holds it
+    assert '"default": null' in text and '["string", "null"]' in text  # and the schema's

@@ -30,7 +30,15 @@ def test_local_takes_the_training_flags_and_config_of_train_and_submit(tmp_path)
                    "--train-on", "all", "--report-to", "none"], tmp_path / "run")
     assert (cfg.model, cfg.dataset, cfg.num_workers, cfg.lr, cfg.micro_batch_size, cfg.steps) == \
         ("my/model", "d.jsonl", 4, 1e-3, 2, 30)
-    assert cfg.global_batch_size == 2 * 1 * 4 and cfg.warmup_steps == 3  # transformers' batch; demo warm-up
+    # a TRL YAML: transformers' batch, and TRL's defaults where it is silent (no warm-up, decay to 0), not the demo's
+    assert (cfg.global_batch_size, cfg.warmup_steps, cfg.min_lr_ratio, cfg.schedule) == (2 * 1 * 4, 0, 0.0, "linear")
+    f.write_text("learning_rate: 1.0e-3\nnum_train_epochs: 1\n")  # a recipe's epochs: no demo --steps beside them
+    assert (_config(["--config", str(f)], tmp_path / "e").epochs, _config(["--config", str(f)], tmp_path / "e").steps) \
+        == (1, None)
+    own = tmp_path / "own.yaml"
+    own.write_text("lr: 1.0e-3\nsteps: 30\n")  # this trainer's own keys: the demo's defaults around them
+    assert (_config(["--config", str(own)], tmp_path / "o").warmup_steps, _config(["--config", str(own)],
+                                                                              tmp_path / "o").min_lr_ratio) == (3, 0.1)
     assert (cfg.train_on, cfg.reporters) == ("all", ())
     assert _config(["--workers", "4", "--global-batch-size", "8"], tmp_path / "r").num_workers == 4  # old name
     assert trainer(["local", "--device", "gpu", "--out", str(tmp_path / "gpu")]) == 2

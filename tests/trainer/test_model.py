@@ -163,3 +163,59 @@ def test_a_hub_id_resolves_to_its_snapshot_in_the_hub_cache_and_is_remembered(tm
     with pytest.raises(ModelSourceError, match=r"model 'org/absent': not a local folder, and fetching it from "
                                                r"the Hugging Face hub failed .*HF_TOKEN"):
         resolve_model_path("org/absent", tmp_path / "cache")
+
+
+def hub_cache_with_revisions(hub, demo_model, revisions: dict[str, int]):
+    """models--org--tiny as huggingface_hub writes it: refs/<revision> holds a commit, snapshots/<commit> its files
+    (each revision's config.json says which one it is, by its layer count)."""
+    import json
+
+    repo = hub / "models--org--tiny"
+    (repo / "refs").mkdir(parents=True)
+    commits = {}
+    for n, (revision, layers) in enumerate(revisions.items()):
+        commits[revision] = commit = f"{n + 1:040x}"
+        shutil.copytree(demo_model, repo / "snapshots" / commit)
+        config = json.loads((repo / "snapshots" / commit / "config.json").read_text())
+        config.pop("layer_types", None)  # (one per layer: derived again from the count)
+        (repo / "snapshots" / commit / "config.json").write_text(json.dumps({**config, "num_hidden_layers": layers}))
+        (repo / "refs" / revision).write_text(commit)
+    return repo, commits
+
+
+def test_a_model_revision_pins_the_download_the_config_the_tokenizer_and_the_cache_entry(tmp_path, demo_assets,
+                                                                                            monkeypatch):
+    from huggingface_hub import constants
+
+    from trainer.config.load import parse
+    from trainer.jobs import launch
+    from trainer.model.sources import model_cache_key, read_model_config
+
+    cache = tmp_path / "cache"
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache / "hub"))  # where from_pretrained looks, offline
+    repo, commits = hub_cache_with_revisions(cache / "hub", demo_assets["model"], {"main": 2, "it-mid-training": 1})
+    pinned = resolve_model_path("org/tiny", cache, revision="it-mid-training")
+    assert pinned == repo / "snapshots" / commits["it-mid-training"]
+    assert resolve_model_path("org/tiny", cache, revision="main") == repo / "snapshots" / commits["main"]
+    assert resolve_model_path("org/tiny", cache) == repo / "snapshots" / commits["main"]  # main is the default
+    assert model_cache_key("org/tiny", "it-mid-training") != model_cache_key("org/tiny") \
+        == model_cache_key("org/tiny", "main")  # each revision its own entry; main keeps the unpinned one's
+    assert read_model_config("org/tiny", revision="it-mid-training").num_hidden_layers == 1
+    assert read_model_config("org/tiny").num_hidden_layers == 2
+    assert tokenizer_only("org/tiny", cache, revision="it-mid-training")("hub")["input_ids"] \
+        == load_tokenizer(pinned)("hub")["input_ids"]
+    for call in (lambda: resolve_model_path("org/tiny", cache, revision="v9"),
+                 lambda: read_model_config("org/tiny", revision="v9")):
+        with pytest.raises(ModelSourceError) as e:
+            call()
+        assert "\n" not in str(e.value)
+        assert str(e.value).startswith("model 'org/tiny' at revision 'v9': ") and "check --model-revision" in str(e.value)
+    # the pre-flight: a TRL recipe's model_revision reaches it; an unknown one, or one on a local folder, is refused
+    argv = ["--dataset", str(demo_assets["train"]), "--seq-len", "64", "--global-batch-size", "2", "--num-workers", "1",
+            "--steps", "1", "--out", str(tmp_path / "out"), "--cache-dir", str(cache), "--random-init"]
+    info = launch.preflight(parse(["--model", "org/tiny", "--model-revision", "it-mid-training", *argv]))
+    assert info["decoder_layers"] == 1
+    for model, revision, needle in (("org/tiny", "v9", "model 'org/tiny' at revision 'v9': reading its config"),
+                                    (str(demo_assets["model"]), "v1", "applies to a Hugging Face hub model")):
+        with pytest.raises(Exception, match=needle):
+            launch.preflight(parse(["--model", model, "--model-revision", revision, *argv]))

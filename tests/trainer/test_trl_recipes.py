@@ -26,33 +26,21 @@ from trainer.config.load import merge, parse
 
 RECIPES = Path(__file__).parent / "data" / "trl_recipes"
 SOURCES = json.loads((RECIPES / "SOURCES.json").read_text())
-PUSH = "set push_to_hub: false"
 UNPACKED = "packing: false is not supported"
 # recipe -> {refused key: the reason's words}; every other key of the recipe is applied or accepted
 REFUSED = {
     "trl-example_config.yaml": {},
-    "handbook-zephyr-7b-beta-sft-full.yaml": {
-        "push_to_hub": PUSH, "hub_model_id": PUSH, "hub_strategy": PUSH},
+    "handbook-zephyr-7b-beta-sft-full.yaml": {},
     "handbook-zephyr-7b-gemma-sft-full.yaml": {
-        "push_to_hub": PUSH, "hub_model_id": PUSH, "hub_strategy": PUSH,
         "dataset_kwargs": "datasets and models are prepared by this trainer"},
-    "handbook-smollm2-sft.yaml": {
-        "push_to_hub": PUSH, "hub_model_id": PUSH, "hub_strategy": PUSH},
+    "handbook-smollm2-sft.yaml": {},
     "handbook-smollm3-sft.yaml": {
-        "model_revision": "only the hub's main revision is downloaded", "trust_remote_code": "no trust_remote_code",
-        "gradient_checkpointing_kwargs": "set use_reentrant: false",
-        "packing_strategy": "use packing_strategy: bfd",
-        "push_to_hub": PUSH, "hub_strategy": PUSH},
-    "handbook-constitutional-ai-sft-anthropic.yaml": {
-        "push_to_hub": PUSH, "hub_model_id": PUSH, "hub_strategy": PUSH},
-    "handbook-starchat2-15b-sft.yaml": {
-        "push_to_hub": PUSH, "hub_model_id": PUSH, "hub_strategy": PUSH},
-    "open-r1-olympiccoder-7b-sft.yaml": {
-        "packing": UNPACKED, "push_to_hub": PUSH, "hub_model_id": PUSH,
-        "hub_strategy": PUSH},
-    "open-r1-openr1-distill-7b-sft.yaml": {
-        "packing": UNPACKED, "push_to_hub": PUSH, "hub_model_id": PUSH,
-        "hub_strategy": PUSH},
+        "trust_remote_code": "no trust_remote_code", "gradient_checkpointing_kwargs": "set use_reentrant: false",
+        "packing_strategy": "use packing_strategy: bfd"},
+    "handbook-constitutional-ai-sft-anthropic.yaml": {},
+    "handbook-starchat2-15b-sft.yaml": {},
+    "open-r1-olympiccoder-7b-sft.yaml": {"packing": UNPACKED},
+    "open-r1-openr1-distill-7b-sft.yaml": {"packing": UNPACKED},
 }
 # keys `trl sft` reads that are not SFTConfig's (ScriptArguments / ModelConfig / the recipe script's own)
 NOT_SFT_CONFIG = {"model_name_or_path", "model_revision", "torch_dtype", "attn_implementation", "dataset_name",
@@ -122,11 +110,12 @@ def test_keys_whose_value_does_nothing_here_are_accepted_and_recorded():
     values = {"model_name_or_path": "m", "dataset_name": "d", "do_eval": False, "eval_strategy": "no",
               "per_device_eval_batch_size": 4, "log_level": "info", "dataset_num_proc": 12,
               "overwrite_output_dir": True, "gradient_checkpointing_kwargs": {"use_reentrant": False},
-              "push_to_hub": False, "hub_model_id": "me/model", "bf16": True, "model_revision": "main",
+              "push_to_hub": False, "hub_model_id": "me/model", "bf16": True,
               "remove_unused_columns": True, "save_strategy": "no"}
     cfg = merge(values, {})
     assert set(cfg.sources["accepted"]) == set(values) - {"model_name_or_path", "dataset_name",
-                                                          "per_device_eval_batch_size", "save_strategy"}
+                                                          "per_device_eval_batch_size", "save_strategy",
+                                                          "push_to_hub", "hub_model_id"}  # (these two: applied)
     assert cfg.checkpoint_every == 0 and cfg.eval_every == 0  # save_strategy: no: only the final checkpoint
     with pytest.raises(ConfigError) as e:
         merge({**values, "eval_strategy": "best", "gradient_checkpointing_kwargs": {"use_reentrant": True}}, {})
@@ -173,6 +162,8 @@ def _check_against_trl(cfg, values: dict, workers: int) -> None:
     report_to = values.get("report_to", "none")
     assert cfg.report_to == (",".join(report_to) if isinstance(report_to, list) else report_to)
     assert cfg.model == values["model_name_or_path"]
+    assert cfg.model_revision == values.get("model_revision")  # TRL's ModelConfig: the hub revision downloaded
+    assert (cfg.push_to_hub, cfg.hub_model_id) == (values.get("push_to_hub", False), values.get("hub_model_id"))
     assert cfg.chat_template == values.get("chat_template")
 
 
@@ -267,3 +258,67 @@ def test_eos_token_and_an_inline_chat_template_are_applied_and_a_bad_eos_token_n
     with pytest.raises(ModelSourceError, match=r"--eos-token '<eos>': not a token of the tokenizer's vocabulary.*"
                                                r"pass one of its special tokens"):
         set_eos_token(tok, "<eos>")
+
+
+def test_an_alignment_handbook_recipe_runs_under_trainer_local_as_trl_would_and_pushes_its_model(
+        ray_cluster, trainer_cache, tmp_path, monkeypatch, capsys):
+    """The Done-when of the TRL work: alignment-handbook's constitutional-AI SFT recipe, its model and its two
+    datasets swapped for local tiny ones and nothing else changed, trains under `trainer local` to the
+    configuration TRL gives it (eval loss each epoch, its checkpoint cadence), exports, and pushes the export
+    to the Hub (HubApi: the Hub's stand-in, tests/trainer/test_publish.py)."""
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    from tests.trainer.test_publish import HubApi
+    from trainer import demo
+    from trainer.__main__ import main as trainer
+    from trainer.jobs import local
+    from trainer.run_folder import checkpoint as ckpt
+
+    name = "handbook-constitutional-ai-sft-anthropic.yaml"
+    values = recipe(name)
+    model = demo.write_init_model(tmp_path / "tiny", seed=0)
+    config = json.loads((model / "config.json").read_text())  # the recipe's 2048 tokens fit the tiny model
+    (model / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 2048}))
+    rows, _ = demo.make_dataset(seed=0, n_train=3000, n_eval=1)
+    values["model_name_or_path"] = str(model)
+    for i, entry in enumerate(values["dataset_mixture"]["datasets"]):
+        demo.write_jsonl(rows[i::2], tmp_path / f"data{i}" / "train.jsonl")
+        entry.update(id=str(tmp_path / f"data{i}"), split="train")
+        entry.pop("config")
+    assert {k for k, v in recipe(name).items() if values[k] != v} == {"model_name_or_path", "dataset_mixture"}
+    (tmp_path / name).write_text(yaml.safe_dump(values))
+    out = tmp_path / "run"
+    argv = ["local", "--config", str(tmp_path / name), "--out", str(out), "--num-workers", "1",
+            "--address", ray_cluster.address, "--cache-dir", str(trainer_cache)]
+
+    for variable in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    assert trainer(argv) == 2  # no token: refused before Ray, nothing trained
+    err = capsys.readouterr().err
+    assert "no Hugging Face token to upload 'mistral-7b-sft-constitutional-ai' with; set HF_TOKEN" in err
+    assert not (out / "metrics.jsonl").exists()
+
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    monkeypatch.setattr(huggingface_hub, "HfApi", HubApi)
+    assert trainer(argv) == 0
+    stdout = capsys.readouterr().out
+    cfg = local.demo_config(argv[1:argv.index("--out")] + ["--num-workers", "1"], out)
+    _check_against_trl(cfg, values, workers=1)  # the configuration TRL would use ...
+    record = json.loads((out / "run.json").read_text())
+    for key in ("lr", "seq_len", "global_batch_size", "micro_batch_size", "epochs", "schedule", "warmup_ratio",
+                "min_lr_ratio", "seed", "train_on", "checkpoint_every", "num_to_keep", "eval_each_epoch"):
+        assert record["config"][key] == getattr(cfg, key), key  # ... is the one the run trained with
+    assert (record["config"]["attn_implementation"], cfg.attn_implementation) == ("sdpa", "sdpa")
+    assert "flash_attention_2 is GPU-only; sdpa on CPU" in record["config"]["sources"]["settings"][
+        "attn_implementation"]
+    assert record["eval"]["last"]["eval_loss"] > 0 and ckpt.names(out) == [ckpt.dir_name(record["total_steps"])]
+    exported = sorted(str(p.relative_to(out / "model")) for p in (out / "model").rglob("*") if p.is_file())
+    assert {"config.json", "model.safetensors", "README.md"} <= set(exported)
+    assert HubApi.last.calls == [
+        ("create_repo", "mistral-7b-sft-constitutional-ai", {"private": None, "exist_ok": True}),
+        ("upload_folder", "me/mistral-7b-sft-constitutional-ai", {"files": exported,
+                                                                  "commit_message": "End of training"})]
+    assert f"pushed {out / 'model'} to the Hugging Face Hub: https://huggingface.co/me/mistral-7b-sft-constitutional-ai" \
+           f"/commit/0123abcd" in stdout

@@ -148,6 +148,11 @@ class TrainConfig:
                            trl=("dataset_name", "dataset_mixture"), shown_default="required")
     tokenizer: str | None = setting(None, "tokenizer location if different from --model",
                                     shown_default="the model's")
+    model_revision: str | None = setting(None, "revision (branch, tag or commit) of a hub --model to download, "
+                                               "its tokenizer's too unless --tokenizer is given",
+                                         check=lambda v: None if v is None or (v.strip() and v == v.strip())
+                                         else "must be a branch, tag or commit name without spaces",
+                                         trl=("model_revision",), shown_default="main")
     dataset_split: str = setting("train", "split to read (datasets' slicing works: train[:1000])",
                                  trl=("dataset_train_split",))
     dataset_config: str | None = setting(None, "hub dataset configuration (subset) name", trl=("dataset_config",))
@@ -227,6 +232,10 @@ class TrainConfig:
                                     result=False)
     checkpoint_each_epoch: bool = setting(False, "save a checkpoint at the end of every epoch too (TRL: "
                                                  "save_strategy: epoch)", trl=("save_strategy",), result=False)
+    keep_best: bool = setting(False, "keep the checkpoint with the lowest eval loss and export it instead of the last "
+                                     "(evaluates at every checkpoint; Ray keeps the best --num-to-keep and the latest)",
+                              trl=("load_best_model_at_end", "metric_for_best_model", "greater_is_better"),
+                              result=False)
     num_to_keep: int = setting(2, "checkpoints Ray keeps in storage",
                                check=at_least(1, " (the latest checkpoint is needed to resume)"),
                                trl=("save_total_limit",), result=False)
@@ -257,6 +266,14 @@ class TrainConfig:
     peak_tflops: float | None = setting(None, "device peak dense TFLOP/s for MFU", check=positive, result=False,
                                         shown_default="looked up from the device name")
     export: bool = setting(True, "export a Hugging Face model folder at the end", result=False)
+    push_to_hub: bool = setting(False, "upload the exported model folder to the Hugging Face Hub at the end (token: "
+                                       "HF_TOKEN or `huggingface-cli login`)", trl=("push_to_hub",), result=False)
+    hub_model_id: str | None = setting(None, "the Hub repository --push-to-hub uploads to (a bare name: the token's "
+                                             "namespace)", trl=("hub_model_id",), result=False,
+                                       shown_default="the run name")
+    hub_private_repo: bool | None = setting(None, "create the --push-to-hub repository private (an existing one keeps "
+                                                  "its visibility)", trl=("hub_private_repo",), result=False,
+                                            shown_default="the Hub's default")
     progress: bool = setting(True, "show a progress bar on rank 0", result=False)
     fail_at_step: int = setting(0, "testing aid: raise once at this step (first attempt only) to exercise recovery",
                                 check=not_negative, result=False)
@@ -496,6 +513,9 @@ def validate(cfg: TrainConfig) -> None:
         if why:
             add(name, why)
     _across(cfg, bad, add, problems)
+    if cfg.keep_best and not (cfg.eval_every or cfg.eval_each_epoch):
+        add("keep_best", "needs held-out evaluation during the run: pass --eval-every N or --eval-each-epoch (TRL: "
+                         "eval_strategy: steps or epoch), with --eval-dataset or an --eval-split of --dataset")
     problems.raise_if_any(ConfigError)
 
 

@@ -117,6 +117,12 @@ def load_yaml(path: str) -> dict[str, Any]:
     return data
 
 
+def yaml_style(path: str | None) -> str:
+    """Whose defaults a --config file's omitted keys take: "trl" or "trainer" (trainer.config.trl.style)."""
+    values = {str(k).replace("-", "_"): v for k, v in load_yaml(path).items()} if path else {}
+    return trl.style(values, set(FLAGS) | set(EXTRA_ARGUMENTS))
+
+
 def yaml_keys(path: str | None) -> set[str]:
     """The settings a --config file names (its keys with dashes as underscores)."""
     return {str(k).replace("-", "_") for k in load_yaml(path)} if path else set()

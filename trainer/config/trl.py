@@ -29,7 +29,8 @@ CONVERTED = frozenset({"use_peft", "lora_target_modules",
                        "num_train_epochs", "max_steps", "warmup_steps", "warmup_ratio", "lr_scheduler_type",
                        "output_dir", "report_to", "gradient_accumulation_steps", "lr_scheduler_kwargs",
                        "completion_only_loss", "assistant_only_loss", "dataset_mixture", "eval_strategy",
-                       "eval_steps", "save_strategy"})
+                       "eval_steps", "save_strategy", "load_best_model_at_end", "metric_for_best_model",
+                       "greater_is_better"})
 # key -> our field, from the declarations
 RENAMES = {key: name for name, f in FLAGS.items() for key in f.trl if key not in CONVERTED}
 
@@ -42,12 +43,8 @@ _REFUSED_BY_REASON = {
     "training runs in bf16 on GPU (fp32 on CPU); fp16 is not supported": ("fp16",),
     "TF32 matmuls are not configurable here": ("tf32",),
     "the optimizer is AdamW (fused on GPU); other optimizers are not supported": ("optim",),
-    "keeping the best checkpoint by eval loss is not supported yet; remove the key (the eval loss is logged)": (
-        "load_best_model_at_end", "metric_for_best_model", "greater_is_better"),
     "evaluation packs rows as training does; remove the key": ("eval_packing",),
     "pass the held-out data with --eval-dataset": ("eval_dataset_name",),
-    "the exported model folder is not uploaded; set push_to_hub: false (or remove it) and upload the exported "
-    "folder yourself (hf upload)": ("push_to_hub",),
     "metrics go to the run folder (metrics.jsonl, tensorboard/)": ("logging_dir",),
     "metrics are logged every logging_steps steps, the first step included; remove the key": ("logging_first_step",),
     "resubmitting the same run name resumes from its last complete checkpoint": ("resume_from_checkpoint",),
@@ -115,13 +112,10 @@ ACCEPTED: dict[str, tuple[Callable[..., bool], str, str]] = {
         "activation checkpointing is non-reentrant, as asked",
         "activation checkpointing is non-reentrant here (the gradients are the same); set use_reentrant: false "
         "or remove the key"),
-    "push_to_hub": (_is(False), "nothing is uploaded", REFUSED["push_to_hub"]),
-    "hub_model_id": (lambda v, hf: hf.get("push_to_hub") is not True, "used only by push_to_hub, which is off",
-                     REFUSED["push_to_hub"]),
-    "hub_strategy": (lambda v, hf: hf.get("push_to_hub") is not True, "used only by push_to_hub, which is off",
-                     REFUSED["push_to_hub"]),
-    "hub_private_repo": (lambda v, hf: hf.get("push_to_hub") is not True, "used only by push_to_hub, which is off",
-                         REFUSED["push_to_hub"]),
+    "hub_strategy": (lambda v, hf: hf.get("push_to_hub") is not True or v in ("end", "every_save"),
+                     "push_to_hub uploads the exported model once, when training ends (checkpoints are not pushed)",
+                     "checkpoints are not pushed (resubmitting the run name resumes from storage); use hub_strategy: "
+                     "end or every_save (the exported model, uploaded when training ends)"),
     "average_tokens_across_devices": (_is(True), "the loss is the mean over the trained tokens of all workers",
                                       "the loss is always the mean over the trained tokens of all workers; set "
                                       "average_tokens_across_devices: true or remove it"),
@@ -129,13 +123,9 @@ ACCEPTED: dict[str, tuple[Callable[..., bool], str, str]] = {
                          "must be true or false"),
     "dataset_streaming": (_is(False), "the dataset is read whole",
                           "datasets are read whole and cached per node; set dataset_streaming: false"),
-    "model_revision": (_is("main", None), "the hub's main revision is the one downloaded",
-                       "only the hub's main revision is downloaded here; pin the model by downloading that "
-                       "revision to a folder (hf download ID --revision R --local-dir DIR) and pass the folder"),
     "optim": (_is("adamw_torch", "adamw_torch_fused"), "the optimizer is AdamW (fused on GPU)", REFUSED["optim"]),
     "trust_remote_code": (_is(False), "no custom model code is run",
                           "models with custom code are not loaded (no trust_remote_code); set it false or remove it"),
-    "load_best_model_at_end": (_is(False), "the last checkpoint is exported", REFUSED["load_best_model_at_end"]),
 }
 
 
@@ -242,7 +232,8 @@ def is_hf_key(name: str) -> bool:
 
 # names both trainers use, read with transformers' rules (a float warmup_steps below 1 is a ratio, report_to and
 # lora_target_modules a list)
-SHARED_SEMANTICS = {"warmup_steps", "warmup_ratio", "report_to", "lora_target_modules"}
+SHARED_SEMANTICS = {"warmup_steps", "warmup_ratio", "report_to", "lora_target_modules",
+                    "push_to_hub"}  # (hub_strategy's check reads it)
 
 
 def translate(values: Mapping[str, Any], source: str, ours: set[str],
@@ -267,6 +258,7 @@ def translate(values: Mapping[str, Any], source: str, ours: set[str],
         accepted["max_steps"] = "-1: the run's length is num_train_epochs"
     _epochs_and_steps(hf, mapped, refuse)
     _evaluation(hf, mapped, accepted, refuse)
+    _best(hf, mapped, refuse)
     _warmup(hf, mapped, refuse)
     _schedule(hf, mapped, refuse)
     _loss_mask(hf, mapped, refuse)
@@ -388,6 +380,29 @@ def _evaluation(hf: dict, mapped: dict, accepted: dict, refuse) -> None:
             accepted["eval_steps"] = "used only when eval_strategy is steps"
     else:
         refuse(key, "evaluation runs every eval_steps steps or every epoch: use eval_strategy: steps, epoch or no")
+
+
+BEST_METRICS = (None, "loss", "eval_loss")  # transformers reads "loss" as "eval_loss"
+
+
+def _best(hf: dict, mapped: dict, refuse) -> None:
+    """load_best_model_at_end as keep_best; the only metric evaluated here is the eval loss, lower is better."""
+    keys = ("load_best_model_at_end", "metric_for_best_model", "greater_is_better")
+    if not any(k in hf for k in keys):
+        return
+    keep, metric, greater = (hf.get(k) for k in keys)
+    wrong = {"load_best_model_at_end": "must be true or false"} if keep is not None and not isinstance(keep, bool) \
+        else {}
+    if metric not in BEST_METRICS:
+        wrong["metric_for_best_model"] = ("the only metric evaluated here is the eval loss: use metric_for_best_model: "
+                                          "eval_loss (or loss), or remove the key")
+    if greater not in (None, False):
+        wrong["greater_is_better"] = "the best checkpoint has the lowest eval loss: set greater_is_better: false or " \
+                                     "remove the key"
+    for key, why in wrong.items():
+        refuse(key, why)
+    if not wrong:
+        mapped["keep_best"] = bool(keep)
 
 
 def _warmup(hf: dict, mapped: dict, refuse) -> None:

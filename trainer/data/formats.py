@@ -73,12 +73,16 @@ class Example:
     template_kwargs: dict = field(default_factory=dict)  # the record's chat_template_kwargs
 
 
-def _drop_none(value: Any) -> Any:
-    """Arrow gives every struct the union of all records' keys, unset ones as None: drop those again."""
+def _drop_none(value: Any, verbatim: frozenset[str] = frozenset()) -> Any:
+    """Arrow gives every struct the union of all records' keys, unset ones as None: drop those again.
+
+    The values under a `verbatim` key are data, not structure (a tool call's arguments): an explicit
+    JSON null there stays, as TRL renders it.
+    """
     if isinstance(value, dict):
-        return {k: _drop_none(v) for k, v in value.items() if v is not None}
+        return {k: v if k in verbatim else _drop_none(v, verbatim) for k, v in value.items() if v is not None}
     if isinstance(value, list):
-        return [_drop_none(v) for v in value]
+        return [_drop_none(v, verbatim) for v in value]
     return value
 
 
@@ -97,7 +101,7 @@ def _message(raw: Any, where: str, at: str, sharegpt: bool) -> dict:
     if not isinstance(raw, dict):
         raise RecordError(f"{where} field {at}: expected a message object with role and content, "
                           f"found {_found(raw)}")
-    m = _drop_none(raw)
+    m = _drop_none(raw, frozenset({"arguments"}))
     if sharegpt or ("from" in m and "role" not in m):
         if "from" in m:
             m["role"] = m.pop("from")
@@ -158,7 +162,7 @@ def _tools(record: dict, where: str) -> list[dict] | None:
             raise RecordError(f"{where} field tools: a string that is not valid JSON ({e.msg})") from None
     if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
         raise RecordError(f"{where} field tools: expected a list of tool (JSON schema) objects, found {_found(tools)}")
-    return [_drop_none(t) for t in tools] or None
+    return tools or None  # JSON schemas as the dataset holds them: a null (a default, an enum member) is data
 
 
 def _text(record: dict, name: str, where: str) -> str:

@@ -41,13 +41,15 @@ from trainer.model.sources import (
     check_weights,
     describe_source,
     local_model_dir,
+    pinned,
     read_model_config,
     set_eos_token,
     tokenizer_only,
 )
 from trainer.run_folder import checkpoint as ckpt
 from trainer.run_folder import lock as run_lock
-from trainer.run_folder import resume
+from trainer.run_folder import publish, resume
+from trainer.run_folder.export import EXPORT_DIR
 from trainer.storage import Storage, location_problem
 
 
@@ -71,7 +73,8 @@ def read_chat_template(spec: str, storage_fs: Any = None) -> str:
 
 def preflight_tokenizer(cfg: TrainConfig, storage_fs: Any = None):
     """The tokenizer the workers will use (only its files are fetched), --chat-template applied."""
-    tok = tokenizer_only(cfg.tokenizer or cfg.model, cfg.resolved_cache_dir, storage_fs=storage_fs)
+    tok = tokenizer_only(cfg.tokenizer or cfg.model, cfg.resolved_cache_dir, storage_fs=storage_fs,
+                         revision=None if cfg.tokenizer else cfg.model_revision)
     if cfg.chat_template:
         tok.chat_template = read_chat_template(cfg.chat_template, storage_fs)
     set_eos_token(tok, cfg.eos_token)
@@ -120,6 +123,7 @@ def preflight(cfg: TrainConfig, storage_filesystem: Any = None, *, full_data: bo
         problems += vocabulary_problems(cfg, tokenizer, info.get("vocab_size"))
     if full_data:  # where the job runs (`trainer submit` checks here without the job's --env)
         problems += credential_problems(cfg.reporters)
+        problems += publish.problems(cfg)
     try:
         _check_data(cfg, tokenizer, fs_for(cfg.dataset), info, full_data=full_data, for_run=for_run)
     except DataError as e:
@@ -154,7 +158,11 @@ def _check_model(cfg: TrainConfig, fs_for: Callable[[str], Any], info: dict, pro
     Whether the model is usable (then its identity is recorded for resumption)."""
     model_ok = False
     try:
-        mcfg = read_model_config(cfg.model, storage_fs=fs_for(cfg.model))
+        if pinned(cfg.model_revision) and describe_source(cfg.model) != "hub":
+            raise ModelSourceError(f"--model-revision {cfg.model_revision!r} (model_revision): applies to a Hugging "
+                                   f"Face hub model, and {cfg.model!r} is a {describe_source(cfg.model)} one (it holds "
+                                   f"one revision); drop it or set it to main")
+        mcfg = read_model_config(cfg.model, storage_fs=fs_for(cfg.model), revision=cfg.model_revision)
         info["model_type"] = getattr(mcfg, "model_type", "?")
         info["vocab_size"] = getattr(mcfg, "vocab_size", None)
         limit = getattr(mcfg, "max_position_embeddings", None)
@@ -170,7 +178,8 @@ def _check_model(cfg: TrainConfig, fs_for: Callable[[str], Any], info: dict, pro
         too_big, info["plan"] = run_refusal(cfg, mcfg)  # GPU memory per worker, before any GPU is paid for
         if too_big:
             problems.append(f"{flag('model')} {cfg.model}: {too_big}")
-        info["weights"] = check_weights(cfg.model, storage_fs=fs_for(cfg.model), random_init=cfg.random_init)
+        info["weights"] = check_weights(cfg.model, storage_fs=fs_for(cfg.model), random_init=cfg.random_init,
+                                        revision=cfg.model_revision)
         if info["weights"] and not cfg.random_init and describe_source(cfg.model) == "local":
             check_checkpoint(mcfg, local_model_dir(cfg.model))  # every tensor of the model in the files
         model_ok = _check_behaviour(cfg, mcfg, info, problems)
@@ -236,6 +245,17 @@ def scaling_config(cfg: TrainConfig):
                          label_selector=ray_facts.pool_labels(cfg.pool) if cfg.pool else None)
 
 
+def checkpoint_config(cfg: TrainConfig):
+    """Ray's retention: the newest --num-to-keep, or with --keep-best the best by eval loss (Ray keeps the latest
+    too, to resume from)."""
+    from ray.train import CheckpointConfig
+
+    if cfg.keep_best:
+        return CheckpointConfig(num_to_keep=cfg.num_to_keep, checkpoint_score_attribute="eval_loss",
+                                checkpoint_score_order="min")
+    return CheckpointConfig(num_to_keep=cfg.num_to_keep)
+
+
 def build_trainer(cfg: TrainConfig, storage_filesystem: Any = None, *, quiet: bool = False,
                   inputs: dict | None = None, one_per_row: str | None = None):
     """TorchTrainer running trainer.loop.run.train_func; `quiet` hides Ray Train's own INFO logs; `inputs` and
@@ -244,7 +264,7 @@ def build_trainer(cfg: TrainConfig, storage_filesystem: Any = None, *, quiet: bo
     Ray retries nothing itself (max_failures 0; train() decides); preemptions keep Ray's own
     budget (FailureConfig.max_preemption_failures, unlimited by default).
     """
-    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig
+    from ray.train import FailureConfig, LoggingConfig, RunConfig
     from ray.train.torch import TorchTrainer
 
     storage_path = cfg.storage_path
@@ -267,7 +287,7 @@ def build_trainer(cfg: TrainConfig, storage_filesystem: Any = None, *, quiet: bo
             storage_path=storage_path,
             storage_filesystem=storage_filesystem,
             failure_config=FailureConfig(max_failures=0),
-            checkpoint_config=CheckpointConfig(num_to_keep=cfg.num_to_keep),
+            checkpoint_config=checkpoint_config(cfg),
             worker_runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "TRAINER_QUIET_RAY": str(int(quiet))}},
             logging_config=LoggingConfig(log_level="WARNING" if quiet else "INFO"),
         ),
@@ -293,7 +313,10 @@ def train(cfg: TrainConfig, storage_filesystem: Any = None, *, check: bool = Tru
     check_capacity(cfg.num_workers, cfg.use_gpu, cfg.pool)
     run = Storage.from_uri(cfg.run_uri, fs=storage_filesystem)
     with run_lock.held(run, cfg.resolved_run_name):  # one run at a time trains into a run folder
-        return _fit_with_retries(cfg, run, storage_filesystem, quiet=quiet, inputs=inputs, one_per_row=one_per_row)
+        result = _fit_with_retries(cfg, run, storage_filesystem, quiet=quiet, inputs=inputs, one_per_row=one_per_row)
+    if cfg.push_to_hub and result.error is None:  # as transformers' Trainer.push_to_hub at the end of training
+        print(f"pushed {run.path(EXPORT_DIR)} to the Hugging Face Hub: {publish.push(run, cfg)}", flush=True)
+    return result
 
 
 def _fit_with_retries(cfg: TrainConfig, run: Storage, storage_filesystem: Any, *, quiet: bool, inputs: dict | None,

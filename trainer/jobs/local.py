@@ -26,7 +26,7 @@ from typing import Iterator, Sequence
 from facts.errors import EXIT_FAILED, EXIT_OK, UserError
 from trainer import demo
 from trainer.config.flags import ConfigError, TrainConfig, validate
-from trainer.config.load import add_arguments, from_args, split_out, yaml_keys
+from trainer.config.load import add_arguments, from_args, split_out, yaml_keys, yaml_style
 from trainer.jobs.cluster import check_reachable
 from trainer.jobs.launch import connect, preflight, print_notes, train
 from trainer.loop.metrics import read_metrics
@@ -35,6 +35,8 @@ from trainer.storage import location_problem
 
 DEFAULTS = dict(num_workers=2, steps=400, seed=0, global_batch_size=32, log_every=20, checkpoint_every=200,
                 max_failures=1, lr=3e-3, seq_len=128, min_lr_ratio=0.1, schedule="cosine", device="cpu")
+CPU_ATTENTION = ("flash_attention_2", "flash_attention_3")  # FlashAttention kernels run on GPUs only
+RUN_DEFAULTS = ("num_workers", "max_failures", "device")  # where it runs: a TRL YAML keeps these, and TRL's others
 DEMO_MODEL, DEMO_DATA = "init-model", "data"
 
 
@@ -64,19 +66,30 @@ def make_config(args: argparse.Namespace, out: Path) -> TrainConfig:
     """Flags > YAML > the demo's defaults; the demo's model and data in `out` unless --model / --dataset."""
     given = dict(vars(args))
     given.pop("address", None)
-    given.pop("out", None)
+    out_given = given.pop("out", None) is not None
+    if out_given:  # --out wins over a YAML's output_dir, as every flag does
+        given["out"] = str(out)
     explicit = set(given) | yaml_keys(given.get("config"))
-    defaults = {**DEFAULTS, "model": str(out / DEMO_MODEL), "dataset": str(out / DEMO_DATA / "train.jsonl"),
-                **split_out(str(out))}
+    trl_yaml = yaml_style(given.get("config")) == "trl"  # a TRL recipe trains as TRL would, not as the demo
+    demo_defaults = {k: v for k, v in DEFAULTS.items() if k in RUN_DEFAULTS} if trl_yaml else DEFAULTS
+    defaults = {**demo_defaults, "model": str(out / DEMO_MODEL), "dataset": str(out / DEMO_DATA / "train.jsonl"),
+                **({} if out_given else split_out(str(out)))}
     cfg = from_args(argparse.Namespace(**given), defaults)
     changes = {}
-    if not explicit & {"micro_batch_size", "per_device_train_batch_size", "gradient_accumulation_steps"}:
+    if not trl_yaml and not explicit & {"micro_batch_size", "per_device_train_batch_size",
+                                        "gradient_accumulation_steps"}:
         changes["micro_batch_size"] = _micro_batch(cfg.global_batch_size, cfg.num_workers)
-    if not explicit & {"warmup_steps", "warmup_ratio"} and cfg.steps:
+    if not trl_yaml and not explicit & {"warmup_steps", "warmup_ratio"} and cfg.steps:
         changes["warmup_steps"] = min(40, max(0, cfg.steps // 10))
     if cfg.device != "cpu":
         raise ConfigError([f"--device {cfg.device}: `trainer local` trains on this machine's CPUs; use `trainer "
                            f"train` or `trainer submit` for GPUs"])
+    if cfg.attn_implementation in CPU_ATTENTION:  # a GPU recipe's kernel: the same attention, computed by sdpa
+        changes["attn_implementation"] = "sdpa"
+        settings = {**cfg.sources.get("settings", {}), "attn_implementation": (
+            f"{cfg.sources.get('settings', {}).get('attn_implementation', 'flag')}: {cfg.attn_implementation} is "
+            f"GPU-only; sdpa on CPU (trainer local)")}
+        changes["sources"] = {**cfg.sources, "settings": settings}
     cfg = dataclasses.replace(cfg, **changes)
     validate(cfg)
     return cfg
@@ -252,8 +265,10 @@ def _train_on_a_cluster(address: str | None, cfg: TrainConfig, info: dict) -> tu
 
     with contextlib.ExitStack() as stack:
         if address:
-            ctx = connect(address, logging_level="WARNING")
-            stack.callback(ray.shutdown)
+            ctx = None  # a driver already connected (a test's session cluster) stays connected
+            if not ray.is_initialized():
+                ctx = connect(address, logging_level="WARNING")
+                stack.callback(ray.shutdown)
             where = f"the Ray cluster at {address}"
         else:
             ctx = stack.enter_context(own_cluster(max(2, cfg.num_workers)))

@@ -5,6 +5,7 @@ steps and at the last step, saves at once when Ray reports that a node is about 
 reclaimed (asked at logging steps, on every rank: it is a barrier), records a failed save in
 the event log before the error stops the run, and reports to Ray: each checkpoint, and the
 metrics of logging steps where the report (a barrier) costs under 5% of the time since the last.
+With --keep-best each checkpoint holds its eval loss, and the run ends on the best one's weights.
 """
 
 from __future__ import annotations
@@ -93,9 +94,11 @@ class Checkpointer:
         t0 = time.perf_counter()
         gb = self.cfg.global_batch_size
         try:
+            evaluated = {"eval_loss": metrics["eval_loss"]} if metrics.get("step") == done and \
+                "eval_loss" in metrics else {}
             path = ckpt.save(self.storage, done, self.model, self.optimizer, self.scheduler, self.data.position(done, gb),
-                             extra={"data_fingerprint": self.data.fingerprint, "total_steps": self.total_steps},
-                             keep=self.cfg.num_to_keep)
+                             extra={"data_fingerprint": self.data.fingerprint, "total_steps": self.total_steps,
+                                    **evaluated}, keep=self.cfg.num_to_keep, keep_best=self.cfg.keep_best)
         except ckpt.CheckpointError as e:
             monitor.record_failure("checkpoint_failed", done, e)
             raise
@@ -104,6 +107,23 @@ class Checkpointer:
         if self.reporter:  # ray.train.report is a barrier: with checkpoints, and at logging steps where cheap
             self.budget.timed(lambda: self.reporter({**metrics, "checkpoint_step": done}, path))
         return time.perf_counter() - t0
+
+
+    def restore_best(self, monitor: Monitor) -> dict | None:
+        """Collective: the model's weights become those of the complete checkpoint with the lowest eval loss (the
+        earliest of equals, as transformers keeps the first best); what it is, or None when none has one."""
+        scored = ckpt.eval_losses(self.storage)
+        if not scored:
+            return None
+        name, loss = min(scored.items(), key=lambda kv: (kv[1], ckpt.step_of(kv[0])))
+        step = ckpt.step_of(name)
+        if step != self.total_steps:
+            ckpt.load(self.storage, name, self.model, self.optimizer, self.scheduler)
+        best = {"checkpoint": self.storage.path(name), "step": step, "eval_loss": loss}
+        monitor.event("best_checkpoint", **best)
+        if self.rank0:
+            log.info("best checkpoint by eval loss: %s (step %d, eval loss %.4f)", best["checkpoint"], step, loss)
+        return best
 
 
 def report_to_ray(metrics: dict, checkpoint_path: str | None, storage: Storage) -> None:

@@ -268,7 +268,7 @@ def setup_parallel(cfg: TrainConfig, rank: int, world_size: int, local_rank: int
     params = node_fits = None
     if cfg.instance_type:  # only the communication estimate and the memory of a node's shard group need the model
         try:
-            model_config = read_model_config(cfg.model)
+            model_config = read_model_config(cfg.model, revision=cfg.model_revision)
             params = parameter_count(model_config)
             node_fits = node_memory_problem(cfg, model_config, world_size, hosts)
         except Exception:  # noqa: BLE001 - the estimate is then per 1B parameters

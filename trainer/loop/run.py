@@ -108,9 +108,10 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *, latest_checkpoint
         monitor.add(done, out, data_wait)
         if step == start:
             transport_check(cfg, env)
+        save_now = checkpointer.due(done)
         eval_now = bool(cfg.eval_every) and done % cfg.eval_every == 0 or \
-            cfg.eval_each_epoch and done % data.steps_per_epoch(gb) == 0
-        log_now, save_now = done % cfg.log_every == 0 or done == steps or eval_now, checkpointer.due(done)
+            cfg.eval_each_epoch and done % data.steps_per_epoch(gb) == 0 or cfg.keep_best and save_now
+        log_now = done % cfg.log_every == 0 or done == steps or eval_now
         if step == start or log_now or save_now:  # never log, save or export an unhealthy model
             monitor.check_health(done)
         if log_now:
@@ -121,6 +122,10 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *, latest_checkpoint
                 save_now = checkpointer.preempted(done, monitor)
         if save_now:
             monitor.exclude(checkpointer.save(done, last, monitor))
+    if cfg.keep_best:
+        best = checkpointer.restore_best(monitor)
+        run_record.record_best(storage, record, best)
+        last = {**last, "best_checkpoint": best} if best else last
     if cfg.export:
         card = run_record.model_card(record, last, steps, data.tokens_through(steps, gb, cfg.seed)) if env.rank == 0 \
             else None
@@ -139,7 +144,7 @@ def fetch_inputs(cfg: TrainConfig, storage: Storage, chat_template: str | None,
     from transformers import AutoConfig
 
     cache_dir, remote_fs = cfg.resolved_cache_dir, None if storage.is_local else storage.fs
-    model_path = resolve_model_path(cfg.model, cache_dir, storage_fs=remote_fs)
+    model_path = resolve_model_path(cfg.model, cache_dir, storage_fs=remote_fs, revision=cfg.model_revision)
     tokenizer = load_tokenizer(resolve_model_path(cfg.tokenizer, cache_dir, storage_fs=remote_fs)
                                if cfg.tokenizer else model_path)
     if chat_template:

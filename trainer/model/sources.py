@@ -1,9 +1,10 @@
 """Where a model and its tokenizer come from: a local folder, a Hugging Face hub id, or s3://.
 
 --model / --tokenizer: a folder saved with save_pretrained, a hub id (org/name) or an s3://
-prefix of such a folder; resolved to a local folder holding config.json and the weight files
-trainer.model.weights reads, fetched once per node into the cache (trainer.cache), and checked
-(config, weight headers) without reading a tensor.
+prefix of such a folder (a hub model at --model-revision, TRL's model_revision); resolved to a
+local folder holding config.json and the weight files trainer.model.weights reads, fetched
+once per node into the cache (trainer.cache), and checked (config, weight headers) without
+reading a tensor.
 """
 
 from __future__ import annotations
@@ -33,6 +34,21 @@ def describe_source(spec: str) -> str:
     return "hub" if HUB_ID.match(spec) else "local"
 
 
+def pinned(revision: str | None) -> str | None:
+    """The revision to ask the hub for: None for the default branch (`main` is the hub's default)."""
+    return None if revision in (None, "", "main") else revision
+
+
+def hub_failure(spec: str, revision: str | None, e: BaseException, what: str = "fetching it from") -> ModelSourceError:
+    """Any hub failure means the same thing to the user; with a pinned revision, that revision may be the cause."""
+    if pinned(revision):
+        return ModelSourceError(f"model {spec!r} at revision {revision!r}: {what} the Hugging Face hub failed "
+                                f"({first_line(e)}); check --model-revision (a branch, tag or commit of the repo; "
+                                f"TRL's model_revision), the id, network access and HF_TOKEN for gated models")
+    return ModelSourceError(f"model {spec!r}: not a local folder, and {what} the Hugging Face hub failed "
+                            f"({first_line(e)}); check the id, network access and HF_TOKEN for gated models")
+
+
 def local_model_dir(spec: str) -> Path:
     path = Path(spec).expanduser()
     if not (path / "config.json").is_file():
@@ -42,8 +58,14 @@ def local_model_dir(spec: str) -> Path:
     return path.absolute()
 
 
-def resolve_model_path(spec: str, cache_dir: str | Path, *, storage_fs: Any = None) -> Path:
-    """A local folder holding the model, downloading it first if needed.
+def model_cache_key(spec: str, revision: str | None = None) -> str:
+    """The per-node cache entry of a model source: one per hub revision (the default branch keeps its old key)."""
+    return cache.key(spec if not pinned(revision) else f"{spec}@{revision}")
+
+
+def resolve_model_path(spec: str, cache_dir: str | Path, *, storage_fs: Any = None,
+                       revision: str | None = None) -> Path:
+    """A local folder holding the model (a hub one at `revision`), downloading it first if needed.
 
     Every rank may call this: a file lock plus a completion marker in the per-node cache
     make the first caller on a node download and the others reuse its copy.
@@ -51,8 +73,8 @@ def resolve_model_path(spec: str, cache_dir: str | Path, *, storage_fs: Any = No
     kind = describe_source(spec)
     if kind == "local":
         return local_model_dir(spec)
-    target = Path(cache_dir) / "models" / cache.key(spec)
-    with cache.lock(cache_dir, "model-" + cache.key(spec)):
+    target = Path(cache_dir) / "models" / model_cache_key(spec, revision)
+    with cache.lock(cache_dir, "model-" + model_cache_key(spec, revision)):
         if cache.is_complete(target):
             return Path(json.loads((target / cache.MARKER).read_text())["path"])
         if kind == "s3":
@@ -64,15 +86,13 @@ def resolve_model_path(spec: str, cache_dir: str | Path, *, storage_fs: Any = No
         from huggingface_hub import snapshot_download
 
         try:
-            path = Path(snapshot_download(spec, cache_dir=str(Path(cache_dir) / "hub"),
-                                          allow_patterns=[*_HUB_FILES, *_hub_weight_patterns(spec)]))
+            path = Path(snapshot_download(spec, cache_dir=str(Path(cache_dir) / "hub"), revision=pinned(revision),
+                                          allow_patterns=[*_HUB_FILES, *_hub_weight_patterns(spec, revision)]))
         except Exception as e:  # noqa: BLE001 - any hub failure means the same thing to the user
-            raise ModelSourceError(
-                f"model {spec!r}: not a local folder, and fetching it from the Hugging Face hub failed "
-                f"({first_line(e)}); check the id, network "
-                f"access and HF_TOKEN for gated models") from None
+            raise hub_failure(spec, revision, e) from None
         target.mkdir(parents=True, exist_ok=True)  # the hub's own cache holds the files; the marker points there
-        (target / cache.MARKER).write_text(json.dumps({"path": str(path), "source": spec}))
+        (target / cache.MARKER).write_text(json.dumps({"path": str(path), "source": spec,
+                                                       **({"revision": revision} if pinned(revision) else {})}))
         return path
 
 
@@ -84,14 +104,14 @@ def hub_weight_files(files: list[str]) -> list[str]:
     return safetensors or sorted(f for f in top if BIN_WEIGHTS.match(f))
 
 
-def _hub_weight_patterns(spec: str) -> list[str]:
+def _hub_weight_patterns(spec: str, revision: str | None = None) -> list[str]:
     """The repo's weight files to download; offline (HF_HUB_OFFLINE), whichever of them the hub cache holds."""
     import huggingface_hub
     from huggingface_hub import constants
 
     if constants.HF_HUB_OFFLINE:
         return ["*.safetensors", "pytorch_model*.bin"]
-    return hub_weight_files(huggingface_hub.list_repo_files(spec))
+    return hub_weight_files(huggingface_hub.list_repo_files(spec, revision=pinned(revision)))
 
 
 def weight_files(folder: str | Path) -> list[str]:
@@ -99,7 +119,8 @@ def weight_files(folder: str | Path) -> list[str]:
     return Checkpoint.files_in(Path(folder))
 
 
-def check_weights(spec: str, *, storage_fs: Any = None, random_init: bool = False) -> list[str]:
+def check_weights(spec: str, *, storage_fs: Any = None, random_init: bool = False,
+                  revision: str | None = None) -> list[str]:
     """Every weight file of the model present and its header readable, without reading any tensor.
 
     No weight files is an error unless --random-init asks for the config's initialisation: a
@@ -115,7 +136,7 @@ def check_weights(spec: str, *, storage_fs: Any = None, random_init: bool = Fals
     elif kind == "s3":
         files = _check_s3_weights(spec, storage_fs) if not random_init else []
     else:
-        files = _check_hub_weights(spec) if not random_init else []
+        files = _check_hub_weights(spec, revision) if not random_init else []
         if files is None:  # offline: the workers' download is the check
             return []
     if not files and not random_init:
@@ -166,7 +187,7 @@ def _check_s3_weights(spec: str, storage_fs: Any) -> list[str]:
     return files
 
 
-def _check_hub_weights(spec: str) -> list[str] | None:
+def _check_hub_weights(spec: str, revision: str | None = None) -> list[str] | None:
     """The hub repo's weight files; safetensors headers read remotely (HTTP range requests). None offline."""
     import huggingface_hub
     from huggingface_hub import constants
@@ -174,16 +195,15 @@ def _check_hub_weights(spec: str) -> list[str] | None:
     if constants.HF_HUB_OFFLINE:
         return None
     try:
-        files = hub_weight_files(huggingface_hub.list_repo_files(spec))
+        files = hub_weight_files(huggingface_hub.list_repo_files(spec, revision=pinned(revision)))
         if files and files[0].endswith(".safetensors"):
-            huggingface_hub.get_safetensors_metadata(spec)
+            huggingface_hub.get_safetensors_metadata(spec, revision=pinned(revision))
     except Exception as e:  # noqa: BLE001 - any hub failure means the same thing to the user
-        raise ModelSourceError(f"model {spec!r}: cannot list or read its weight files on the Hugging Face hub "
-                               f"({first_line(e)}); check the id, network access and HF_TOKEN for gated models") from None
+        raise hub_failure(spec, revision, e, "listing its weight files on") from None
     return files
 
 
-def read_model_config(spec: str, *, storage_fs: Any = None):
+def read_model_config(spec: str, *, storage_fs: Any = None, revision: str | None = None):
     """The model's config without downloading weights (used by the pre-flight checks)."""
     from transformers import AutoConfig
 
@@ -200,10 +220,12 @@ def read_model_config(spec: str, *, storage_fs: Any = None):
 
             d = json.loads(store.read_text("config.json"))
             return AutoConfig.for_model(d.pop("model_type"), **d) if "model_type" in d else PretrainedConfig(**d)
-        return AutoConfig.from_pretrained(spec)
+        return AutoConfig.from_pretrained(spec, revision=pinned(revision) or "main")
     except ModelSourceError:
         raise
     except Exception as e:  # noqa: BLE001
+        if pinned(revision):
+            raise hub_failure(spec, revision, e, "reading its config from") from None
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ModelSourceError(
             f"model {spec!r}: cannot read its config ({first}); pass a local folder saved with "
@@ -214,11 +236,14 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_m
                     "tokenizer.model", "added_tokens.json", "chat_template.jinja", "chat_template.json", "config.json")
 
 
-def load_tokenizer(path: str | Path, *, cache_dir: str | Path | None = None):
-    """The tokenizer of a folder (or, with `cache_dir`, a hub id); a missing pad token is the EOS token."""
+def load_tokenizer(path: str | Path, *, cache_dir: str | Path | None = None, revision: str | None = None):
+    """The tokenizer of a folder (or, with `cache_dir`, a hub id at `revision`); a missing pad token is the EOS
+    token."""
     from transformers import AutoTokenizer
 
-    kw = {"cache_dir": str(Path(cache_dir) / "hub")} if cache_dir else {}
+    kw: dict[str, Any] = {"cache_dir": str(Path(cache_dir) / "hub")} if cache_dir else {}
+    if pinned(revision):
+        kw["revision"] = revision
     tok = AutoTokenizer.from_pretrained(str(path), **kw)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
@@ -236,7 +261,7 @@ def set_eos_token(tok, eos_token: str | None) -> None:
     tok.eos_token = eos_token
 
 
-def tokenizer_only(spec: str, cache_dir: str | Path, *, storage_fs: Any = None):
+def tokenizer_only(spec: str, cache_dir: str | Path, *, storage_fs: Any = None, revision: str | None = None):
     """The tokenizer of a model source with only its tokenizer files fetched (the pre-flight needs no weights)."""
     import tempfile
 
@@ -249,5 +274,10 @@ def tokenizer_only(spec: str, cache_dir: str | Path, *, storage_fs: Any = None):
                 (folder / name).write_bytes(store.read_bytes(name))
         return load_tokenizer(folder)
     if kind == "hub":
-        return load_tokenizer(spec, cache_dir=cache_dir)
+        try:
+            return load_tokenizer(spec, cache_dir=cache_dir, revision=revision)
+        except Exception as e:  # any hub failure means the same thing to the user
+            if pinned(revision):
+                raise hub_failure(spec, revision, e, "fetching its tokenizer from") from None
+            raise
     return load_tokenizer(Path(spec).expanduser())

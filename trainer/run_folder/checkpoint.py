@@ -39,6 +39,7 @@ import hashlib
 import io
 import json
 import logging
+import math
 import os
 import pickle
 import random
@@ -290,10 +291,11 @@ def _missing(present: dict[str, int], required: dict) -> list[str]:
 
 
 def save(storage: Storage, step: int, model, optimizer, scheduler, data_position: dict,
-         extra: dict | None = None, keep: int | None = None) -> str:
+         extra: dict | None = None, keep: int | None = None, keep_best: bool = False) -> str:
     """Collective: every rank writes its shard; returns the checkpoint's path in storage.
 
-    With `keep`, rank 0 then prunes the folders Ray does not track to the newest `keep` (prune).
+    With `keep`, rank 0 then prunes the folders Ray does not track to the newest `keep`, or with
+    `keep_best` the `keep` of lowest eval loss (prune).
 
     Raises CheckpointError on every rank when any rank failed to write or the files are not
     all in storage; the folder then has no marker and the previous checkpoint stays the latest.
@@ -349,7 +351,7 @@ def save(storage: Storage, step: int, model, optimizer, scheduler, data_position
                               f"complete checkpoint stays the latest): {verdict}")
     if keep and rank == 0:
         try:
-            prune(storage, keep, name)
+            prune(storage, keep, name, keep_best=keep_best)
         except Exception as e:  # noqa: BLE001 - the checkpoint is saved; leftovers only cost storage
             log.warning("pruning old checkpoints failed (%s: %s); they stay in storage", type(e).__name__, e)
     return storage.path(name)
@@ -396,15 +398,30 @@ def repair_ray_record(storage: Storage) -> str | None:
             f"resumes from its newest complete checkpoint")
 
 
+def eval_losses(storage: Storage) -> dict[str, float]:
+    """Each complete checkpoint's eval loss, as its train state holds it (those saved with an evaluation)."""
+    found = {}
+    for name in complete_names(storage):
+        try:
+            loss = json.loads(storage.read_text(name, TRAIN_STATE)).get("eval_loss")
+        except (OSError, ValueError) as e:
+            log.warning("checkpoint %s: unreadable %s (%s)", storage.path(name), TRAIN_STATE, e)
+            continue
+        if isinstance(loss, (int, float)) and math.isfinite(loss):
+            found[name] = float(loss)
+    return found
+
+
 def complete_names(storage: Storage) -> list[str]:
     """The checkpoint folders whose marker is there and whose files are all there at their size, oldest first."""
     return [n for n in names(storage) if is_complete(storage, n)]
 
 
-def prune(storage: Storage, keep: int, newest: str) -> list[str]:
+def prune(storage: Storage, keep: int, newest: str, *, keep_best: bool = False) -> list[str]:
     """Delete checkpoint folders outside Ray's bookkeeping by Ray's keep-N rule; returns what was deleted.
 
-    Kept: the newest `keep` complete checkpoints and anything Ray tracks (Ray deletes those, and
+    Kept: the newest `keep` complete checkpoints (with `keep_best`, the `keep` of lowest eval loss, as
+    Ray's checkpoint_score_attribute keeps them) and anything Ray tracks (Ray deletes those, and
     fails on a path that is gone). Deleted: older complete ones and incomplete ones older than
     `newest`, the checkpoint just saved.
     """
@@ -413,15 +430,20 @@ def prune(storage: Storage, keep: int, newest: str) -> list[str]:
         return []
     found = names(storage)
     complete = [n for n in found if is_complete(storage, n)]
-    keep_names = set(complete[-keep:]) | tracked | {newest}
+    if keep_best:
+        scored = eval_losses(storage)
+        kept = sorted(scored, key=lambda n: (scored[n], step_of(n)))[:keep]
+    else:
+        kept = complete[-keep:]
+    keep_names = set(kept) | tracked | {newest}
     deleted = []
     for n in found:
         if n not in keep_names and step_of(n) < step_of(newest):
             storage.delete_dir(n)
             deleted.append(n)
     if deleted:
-        log.info("pruned checkpoints outside Ray's bookkeeping (keeping the newest %d complete): %s", keep,
-                 ", ".join(deleted))
+        log.info("pruned checkpoints outside Ray's bookkeeping (keeping the %s %d complete): %s",
+                 "best by eval loss" if keep_best else "newest", keep, ", ".join(deleted))
     return deleted
 
 

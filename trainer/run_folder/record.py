@@ -115,6 +115,8 @@ def model_card(record: dict, final: dict, steps: int, tokens: int) -> str:
         "## Training", "",
         f"- steps: {steps}, tokens: {tokens:,}",
         f"- final loss: {loss:.4f}" if isinstance(loss, (int, float)) else "- final loss: n/a",
+        *([f"- exported: the best checkpoint by eval loss, step {best['step']} (eval loss {best['eval_loss']:.4f})"]
+          if (best := final.get("best_checkpoint")) else []),
         *[f"- {k}: {v}" for k, v in hyper.items()], "",
         "## Hardware", "",
         f"- {hw['world_size']} worker(s) on {hw['nodes']} node(s): {device}"
@@ -142,6 +144,14 @@ def write_run_record(storage, cfg, *, device, rank: int, world_size: int, data_m
                         previous=previous, start_step=start_step, total_steps=total_steps, inputs=inputs)
     storage.write_text(json.dumps(record, indent=1, default=str), RUN_RECORD)
     return record
+
+
+def record_best(storage, record: dict | None, best: dict | None) -> None:
+    """Rank 0: the checkpoint kept as the best by eval loss (--keep-best), the one exported, into run.json."""
+    if record is None:
+        return
+    record["best_checkpoint"] = best
+    storage.write_text(json.dumps(record, indent=1, default=str), RUN_RECORD)
 
 
 def record_eval(storage, record: dict | None, results: list[dict]) -> None:
