@@ -36,6 +36,9 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # Ray Train's controller polls its workers every 2 s; each run waits on several polls (started, reports, done).
 # A quarter second takes ~5 s off every run of the suite; jobs and every Ray process inherit it from here.
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25")
+# One CPU node is never preempted: Ray Train's preemption watcher (an actor, a process, per run) has nothing to
+# watch here, as in `trainer local` (trainer.jobs.local.own_cluster), which turns it off the same way.
+os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 
 
 def free_port() -> int:
