@@ -115,3 +115,81 @@ def test_nf4_under_fsdp2_on_two_ranks_is_torchao_unsharded_and_peft_in_one_proce
             torch.testing.assert_close(ours[name].grad, grad, rtol=1e-4, atol=1e-6, msg=f"step {step}: {name}")
         opt.step()
         opt.zero_grad(set_to_none=True)
+
+
+def _qlora_cfg(demo_assets, tmp_path, name: str, **kw):
+    from trainer.config.flags import TrainConfig
+
+    kw = {"global_batch_size": 4, "num_workers": 1, **kw}
+    return TrainConfig(model=str(demo_assets["model"]), dataset=str(demo_assets["train"]), seq_len=128,
+                       steps=4, log_every=1, checkpoint_every=2, progress=False,
+                       storage_path=str(tmp_path), run_name=name, cache_dir=str(tmp_path / "cache"),
+                       method="qlora", lora_rank=RANK, lora_alpha=ALPHA, lora_dropout=0.1, report_to="none", **kw)
+
+
+def test_a_qlora_run_checkpoints_only_the_adapters_exports_what_peft_loads_and_resumes_bit_exactly(
+        process_group, demo_assets, tmp_path):
+    """The loop in-process on a one-rank gloo group: its checkpoints hold the adapters and their optimizer state,
+    not the base; the adapter folder loads with peft; the merged folder is the NF4 base torchao dequantizes plus
+    peft's scaled B @ A; a run killed after its step-2 checkpoint resumes to the same adapters."""
+    import peft
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import load_file
+    from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
+    from transformers import AutoModelForCausalLM
+
+    from trainer.loop.parallel import setup_parallel
+    from trainer.loop.run import InjectedFailure, run
+    from trainer.model import quantize
+    from trainer.run_folder import checkpoint as ckpt
+    from trainer.run_folder.export import ADAPTER_DIR, EXPORT_DIR
+    from trainer.storage import Storage
+
+    cfg = _qlora_cfg(demo_assets, tmp_path, "straight")
+    run(cfg, setup_parallel(cfg, 0, 1, 0), Storage.from_uri(cfg.run_uri))
+    saved = dcp.FileSystemReader(str(tmp_path / "straight" / ckpt.dir_name(4))).read_metadata().state_dict_metadata
+    model_keys = nonempty([k for k in saved if k.startswith("model.")], "checkpointed model tensors")
+    assert all(".lora_" in k for k in model_keys), [k for k in model_keys if ".lora_" not in k][:3]
+    assert len(model_keys) == 2 * 7 * 2 and any(k.startswith("optim.") for k in saved)
+
+    adapter_dir, merged_dir = tmp_path / "straight" / ADAPTER_DIR, tmp_path / "straight" / EXPORT_DIR
+    base = AutoModelForCausalLM.from_pretrained(str(demo_assets["model"]), dtype=torch.float32)
+    tuned = peft.PeftModel.from_pretrained(base, str(adapter_dir))
+    adapters = load_file(str(adapter_dir / "adapter_model.safetensors"))
+    assert {k for k, _ in tuned.named_parameters() if ".lora_" in k} == \
+        {k.replace(".weight", ".default.weight") for k in adapters}
+    assert any(v.abs().sum() > 0 for k, v in nonempty(list(adapters.items()), "adapters") if "lora_B" in k)
+    source = load_file(str(demo_assets["model"] / "model.safetensors"))
+    merged = load_file(str(merged_dir / "model.safetensors"))
+    stems = nonempty(sorted({k.split(".lora_")[0] for k in adapters}), "adapted linears")
+    for stem in stems:
+        key = stem.removeprefix("base_model.model.") + ".weight"
+        sizes = quantize.block_sizes(tuple(source[key].shape), 1)
+        delta = adapters[f"{stem}.lora_B.weight"] @ adapters[f"{stem}.lora_A.weight"] * (ALPHA / RANK)
+        want = (to_nf4(source[key].float(), *sizes).get_original_weight() + delta).to(torch.bfloat16)
+        assert torch.equal(merged[key], want), key
+    assert torch.equal(merged["model.embed_tokens.weight"], source["model.embed_tokens.weight"].to(torch.bfloat16))
+    assert AutoModelForCausalLM.from_pretrained(str(merged_dir)) is not None
+
+    killed = _qlora_cfg(demo_assets, tmp_path, "killed", fail_at_step=3)
+    with pytest.raises(InjectedFailure):
+        run(killed, setup_parallel(killed, 0, 1, 0), Storage.from_uri(killed.run_uri))
+    run(killed, setup_parallel(killed, 0, 1, 0), Storage.from_uri(killed.run_uri))
+    resumed = load_file(str(tmp_path / "killed" / ADAPTER_DIR / "adapter_model.safetensors"))
+    for key, value in nonempty(list(adapters.items()), "adapters"):
+        assert torch.equal(resumed[key], value), key
+
+
+def test_bad_qlora_settings_are_refused_before_ray(demo_assets, tmp_path):
+    """No block linear NF4 can shard over 5 ranks (rows of 64, 128 and 384), and a random base has nothing to
+    quantize: each is one problem naming the flag, before any worker starts."""
+    from trainer.config.flags import ConfigError, TrainConfig, validate
+    from trainer.jobs.launch import preflight
+
+    with pytest.raises(ConfigError) as e:
+        preflight(_qlora_cfg(demo_assets, tmp_path, "five", num_workers=5, global_batch_size=10))
+    assert any(p.startswith("--method qlora: QLoRA: the decoder layers of Qwen2ForCausalLM have no nn.Linear "
+                            "weight NF4 can store") and "divisible by the 5 rank(s)" in p and "use --method lora" in p
+               for p in e.value.problems), e.value.problems
+    with pytest.raises(ConfigError, match=r"--random-init \(random_init\) = True: --method qlora quantizes a trained"):
+        validate(TrainConfig(model="m", dataset="d", method="qlora", random_init=True))

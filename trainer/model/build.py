@@ -276,7 +276,7 @@ def build_model(
     if compile:
         compile_layers(model)
     remember_conversions(model)  # before fully_shard renames the classes transformers looks them up by
-    shard_model(model, mixed_precision(use_gpu), mesh=mesh)
+    shard_model(model, mixed_precision(use_gpu), mesh=mesh, ignored_params=quantize.unsharded(model, shard_ranks(mesh)))
     model.to_empty(device=device)
     poison(model)
     if not random_init:

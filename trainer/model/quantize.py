@@ -94,6 +94,12 @@ def quantize_blocks(model: nn.Module, ranks: int, dtype: torch.dtype) -> list[st
     return done
 
 
+def unsharded(model: nn.Module, ranks: int) -> set[nn.Parameter]:
+    """The NF4 weights FSDP2 must leave alone: all of them on one rank, where its all-gather shortcut copies a
+    parameter's first all-gather input only (torch 2.13's world-size-1 path), which an NF4 tensor has three of."""
+    return {p for p in model.parameters() if is_nf4(p)} if ranks == 1 else set()
+
+
 def _shard_index(param: torch.Tensor) -> tuple[int, int]:
     """(this rank's chunk, how many) of a dim-0 sharded DTensor; (0, 1) for a plain tensor."""
     placements = getattr(param, "placements", None)
