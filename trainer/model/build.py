@@ -223,6 +223,15 @@ def _adapt(model: nn.Module, lora: dict, *, qlora: bool, use_gpu: bool, mesh) ->
         quantize.quantize_blocks(model, shard_ranks(mesh), frozen or torch.float32)
 
 
+def _load_base(model: nn.Module, path, *, lora: bool, qlora: bool, random_init: bool, seed: int) -> None:
+    """The checkpoint's shards (under its own names with adapters on); random NF4 weights for a random qlora base."""
+    if not random_init:
+        with adapters.base_names(model) if lora else contextlib.nullcontext():
+            _load_checked(model, path)
+    elif qlora:
+        quantize.init_random(model, seed)
+
+
 def build_model(
     path: str | Path,
     *,
@@ -279,9 +288,7 @@ def build_model(
     shard_model(model, mixed_precision(use_gpu), mesh=mesh, ignored_params=quantize.unsharded(model, shard_ranks(mesh)))
     model.to_empty(device=device)
     poison(model)
-    if not random_init:
-        with adapters.base_names(model) if lora else contextlib.nullcontext():
-            _load_checked(model, path)
+    _load_base(model, path, lora=bool(lora), qlora=qlora, random_init=random_init, seed=seed)
     initialise_unloaded(model, seed)
     if lora:
         adapters.init_adapters(model, seed)

@@ -138,6 +138,19 @@ def load_full(param: torch.Tensor, full: torch.Tensor) -> None:
 
 
 @torch.no_grad()
+def init_random(model: nn.Module, seed: int) -> None:
+    """For the benchmark's random-init shapes (a run's --random-init is refused with qlora): each NF4 weight as
+    transformers initialises a linear (normal, std = initializer_range), drawn whole from one seeded generator,
+    quantized, and flagged so the model's own initialisation skips it."""
+    config = model.config.get_text_config()
+    std = getattr(config, "initializer_range", None) or 0.02
+    generator = torch.Generator().manual_seed(seed)
+    for _, p in sorted((n, p) for n, p in model.named_parameters() if is_nf4(p)):
+        load_full(p, torch.randn(tuple(p.shape), generator=generator) * std)
+        p._is_hf_initialized = True
+
+
+@torch.no_grad()
 def dequantized(model: nn.Module) -> dict[str, torch.Tensor]:
     """Collective: every NF4 weight, unsharded and dequantized (each layer gathered in turn), by state-dict name."""
     out: dict[str, torch.Tensor] = {}
