@@ -159,7 +159,8 @@ def run_trainer(steps_fn: Callable[[int], list[dict]], *, args, rows_per_step: i
     mem, mem_kind = peak_memory_gib()
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     del model, optimizer
-    return {"seconds": seconds, "trainable_params": trainable, "tokens": tokens, "micro_batch_size": micro, "grad_accum": rows_per_step // micro,
+    return {"seconds": seconds, "trainable_params": trainable, "tokens": tokens, "micro_batch_size": micro,
+            "grad_accum": rows_per_step // micro,
             "loss_impl": loss, "liger_kernels": args.kernels != "none" and gpu and liger_kernels(),
             "compile": args.compile, "peak_mem_gib": round(mem, 2), "peak_mem_kind": mem_kind,
             "micro_batch_fit": fit, "last_loss": round(float(out.loss), 4)}

@@ -10,10 +10,12 @@ exactly the unsharded `to_nf4` result, whose scale statistics (the block maxima'
 
 NF4 needs 64-element blocks whose scales are quantized in groups (`scaler_block_size`, 256 as in torchao),
 and FSDP2's row shards must hold whole groups; a tensor too small for 256 uses the largest power of two that
-divides its share (only tiny test shapes do). Imports torch and torchao only.
+divides its share (only tiny test shapes do). Imports torch, and torchao only where a weight is made NF4.
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 from torch import nn
@@ -22,13 +24,14 @@ from trainer.model.parts import model_parts
 
 BLOCK = 64
 SCALER_BLOCK = 256
+_NF4_MODULE = "torchao.quantization.quantize_.workflows.nf4.nf4_tensor"
 _SHARDED = ("quantized_scalers", "quantization_factor", "quantized_data")
 
 
 def is_nf4(t: torch.Tensor) -> bool:
-    from torchao.quantization import NF4Tensor
-
-    return isinstance(getattr(t, "_local_tensor", t), NF4Tensor)
+    """Without importing torchao (slow, and optional for a full fine-tune): nothing is NF4 before it is loaded."""
+    module = sys.modules.get(_NF4_MODULE)
+    return module is not None and isinstance(getattr(t, "_local_tensor", t), module.NF4Tensor)
 
 
 def block_sizes(shape: tuple[int, ...], ranks: int) -> tuple[int, int] | None:
