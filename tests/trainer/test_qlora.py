@@ -193,3 +193,23 @@ def test_bad_qlora_settings_are_refused_before_ray(demo_assets, tmp_path):
                for p in e.value.problems), e.value.problems
     with pytest.raises(ConfigError, match=r"--random-init \(random_init\) = True: --method qlora quantizes a trained"):
         validate(TrainConfig(model="m", dataset="d", method="qlora", random_init=True))
+
+
+def test_a_changed_base_is_named_before_an_adapter_run_resumes_on_it(demo_assets, tmp_path):
+    """Checkpoints of lora/qlora runs hold no base: the resume rebuilds it from --model, so run.json's model
+    identity must tell a base whose weights changed (same shapes, same file size) from the one the run began on."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from trainer.run_folder.resume import differences, model_identity
+
+    base = tmp_path / "base"
+    shutil.copytree(demo_assets["model"], base)
+    then = {"model": model_identity(str(base))}
+    assert differences(then, {"model": model_identity(str(base))}, {}) == []
+    state = load_file(str(base / "model.safetensors"))
+    key = "model.layers.1.mlp.down_proj.weight"
+    state[key] = state[key] + 1e-3
+    save_file(state, str(base / "model.safetensors"), metadata={"format": "pt"})
+    assert differences(then, {"model": model_identity(str(base))}, {}) == ["the model's config or weights changed"]
