@@ -105,6 +105,7 @@ def test_nf4_under_fsdp2_on_two_ranks_is_torchao_unsharded_and_peft_in_one_proce
                                                requires_grad=False)
         for name, t in nonempty(list(res[0]["adapters_start"].items()), "adapters"):  # the workers' start
             ours[name].copy_(t)
+    assert {n for n in ours if ".lora_" in n} == set(res[0]["adapters_start"])  # the same adapters, no more
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5, momentum=0.9)
     for step in range(2):
         pair = [model(**_batch(base.config.vocab_size, seed=10 * step + r)).loss for r in range(2)]
