@@ -60,13 +60,29 @@ def _qlora_worker(rank: int, world: int, port: int, model_dir: str, out_dir: str
             opt.step()
             opt.zero_grad(set_to_none=True)
         after = {n: _nf4_parts(quantize.local_nf4(p)) for n, p in nf4.items()}
+        hybrid = _hybrid_check(model_dir, model.config.vocab_size, rank)
         unchanged = all(torch.equal(before[n][k], after[n][k]) for n in nf4 for k in before[n])
         torch.save({"gathered": gathered, "sizes": sizes, "local_rows": {n: quantize.local_nf4(p).shape[0]
                                                                           for n, p in nf4.items()},
                     "losses": losses, "grads": grads, "frozen_grads": frozen_grads, "unchanged": unchanged,
-                    "adapters_start": adapters_start}, os.path.join(out_dir, f"rank{rank}.pt"))
+                    "adapters_start": adapters_start, "hybrid": hybrid}, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
+
+
+def _hybrid_check(model_dir: str, vocab: int, rank: int) -> dict:
+    """The same build on a 2-D (replicate x shard) mesh, as hybrid sharding makes it: adapters and NF4 shards are
+    cut on the shard dimension."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from trainer.model import adapters, quantize
+    from trainer.model.build import build_model
+
+    mesh = init_device_mesh("cpu", (1, 2), mesh_dim_names=("replicate", "shard"))
+    model = build_model(model_dir, device=torch.device("cpu"), use_gpu=False, seed=3, mesh=mesh,
+                        lora=dict(rank=RANK, alpha=ALPHA), qlora=True)
+    return {"gathered": quantize.dequantized(model),
+            "adapters": {n: p.full_tensor().clone() for n, p in adapters.adapter_parameters(model).items()}}
 
 
 def test_nf4_under_fsdp2_on_two_ranks_is_torchao_unsharded_and_peft_in_one_process(demo_assets, tmp_path):
@@ -91,6 +107,11 @@ def test_nf4_under_fsdp2_on_two_ranks_is_torchao_unsharded_and_peft_in_one_proce
         assert torch.equal(weight, whole.get_original_weight()), name
         assert torch.equal(res[1]["gathered"][name], weight), name
     assert all(r["unchanged"] and r["frozen_grads"] == [] for r in res)
+    hybrid = res[0]["hybrid"]  # a replicate x shard mesh: the same NF4 weights and seeded adapters
+    assert set(hybrid["gathered"]) == set(res[0]["gathered"])
+    assert all(torch.equal(hybrid["gathered"][n], w) for n, w in gathered)
+    lora_a = nonempty([n for n in hybrid["adapters"] if ".lora_A." in n], "hybrid adapters")
+    assert all(torch.equal(hybrid["adapters"][n], res[0]["adapters_start"][n]) for n in lora_a)
 
     base = AutoModelForCausalLM.from_pretrained(str(demo_assets["model"]), dtype=torch.float32)
     model = peft.get_peft_model(base, peft.LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0,

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from trainer.model.parts import model_parts
+from trainer.model.sharding import shard_index
 
 BLOCK = 64
 SCALER_BLOCK = 256
@@ -103,20 +104,6 @@ def unsharded(model: nn.Module, ranks: int) -> set[nn.Parameter]:
     return {p for p in model.parameters() if is_nf4(p)} if ranks == 1 else set()
 
 
-def _shard_index(param: torch.Tensor) -> tuple[int, int]:
-    """(this rank's chunk, how many) of a dim-0 sharded DTensor; (0, 1) for a plain tensor."""
-    placements = getattr(param, "placements", None)
-    if placements is None:
-        return 0, 1
-    from torch.distributed.tensor import Shard
-
-    mesh = param.device_mesh
-    dims = [d for d, p in enumerate(placements) if isinstance(p, Shard)]
-    if not dims:
-        return 0, 1
-    return mesh.get_local_rank(dims[0]), mesh.size(dims[0])
-
-
 def local_nf4(param: torch.Tensor):
     """The NF4 object FSDP2 all-gathers from (its DTensor's local tensor itself: `to_local()` gives a copy)."""
     return getattr(param, "_local_tensor", param)
@@ -130,7 +117,7 @@ def load_full(param: torch.Tensor, full: torch.Tensor) -> None:
     local = local_nf4(param)
     if tuple(full.shape) != tuple(param.shape):
         raise ValueError(f"shape {tuple(full.shape)} does not fit the NF4 weight of shape {tuple(param.shape)}")
-    index, count = _shard_index(param)
+    index, count = shard_index(param)
     device = local.quantized_data.device
     whole = to_nf4(full.to(device, local.dtype).contiguous(), local.block_size, local.scaler_block_size)
     chunk = torch.chunk(whole, count, dim=0)[index]

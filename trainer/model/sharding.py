@@ -52,3 +52,18 @@ def keep_library_class(model: nn.Module) -> None:
             continue
         if "is_custom_code" not in cls.__dict__:
             cls.is_custom_code = classmethod(lambda _cls, _original=original: _original.is_custom_code())
+
+
+def shard_index(param: torch.Tensor) -> tuple[int, int]:
+    """(this rank's chunk, how many) of a dim-0 sharded DTensor, on the mesh's shard dimension (hybrid sharding
+    replicates over the other); (0, 1) for a plain tensor."""
+    placements = getattr(param, "placements", None)
+    if placements is None:
+        return 0, 1
+    from torch.distributed.tensor import Shard
+
+    mesh = param.device_mesh
+    dims = [d for d, p in enumerate(placements) if isinstance(p, Shard)]
+    if not dims:
+        return 0, 1
+    return mesh.get_local_rank(dims[0]), mesh.size(dims[0])
