@@ -220,7 +220,11 @@ def _adapt(model: nn.Module, lora: dict, *, qlora: bool, use_gpu: bool, mesh) ->
     frozen = torch.bfloat16 if use_gpu else None
     adapters.apply_lora(model, **{"frozen_dtype": frozen, **lora})
     if qlora:
-        quantize.quantize_blocks(model, shard_ranks(mesh), frozen or torch.float32)
+        done = quantize.quantize_blocks(model, shard_ranks(mesh), frozen or torch.float32)
+        total = len(quantize.block_linear_weights(model))
+        if total > len(done) and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
+            log.warning("QLoRA: %d of the %d linear weights of the decoder layers do not shard evenly in NF4 over "
+                        "%d rank(s) and stay %s", total - len(done), total, shard_ranks(mesh), frozen or torch.float32)
 
 
 def _load_base(model: nn.Module, path, *, lora: bool, qlora: bool, random_init: bool, seed: int) -> None:
