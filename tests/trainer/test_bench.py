@@ -14,6 +14,8 @@ import pytest
 from tests.guards import nonempty
 from trainer.bench import main as bench_main
 from trainer.bench.padding import instruction_documents, instruction_lengths
+from trainer.bench.shapes import model_config
+from trainer.model import flops as flops_lib
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -201,6 +203,8 @@ def test_lora_and_qlora_benchmarks_train_the_same_adapters_as_peft_beside_the_ba
     # rank 4 x (in + out) per linear of the tiny shape's 2 layers: q, o 64->64; k, v 64->32; gate, up 64->128; down
     adapters = 2 * 4 * (2 * (64 + 64) + 2 * (64 + 32) + 3 * (64 + 128))
     assert lora["trainer"]["trainable_params"] == lora["hf_trainer"]["trainable_params"] == adapters
+    full = flops_lib.flops_per_token(model_config("tiny"), 32) / 1e9  # a frozen base has no weight gradients
+    assert lora["trainer"]["gflop_per_token"] == lora["hf_trainer"]["gflop_per_token"] < round(full, 4)
     assert bench_main([*small, "--method", "qlora"]) == 0
     qlora = _lines(capsys.readouterr().out)
     assert set(qlora) == {"matmul_peak", "trainer"} and qlora["trainer"]["method"] == "qlora"

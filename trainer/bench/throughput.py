@@ -26,6 +26,7 @@ from trainer.bench.setups import (
     transformers_version,
 )
 from trainer.bench.shapes import SETUPS, SHAPES, BenchError, model_config
+from trainer.jobs.plan import step_flops
 from trainer.model import flops as flops_lib
 from trainer.model.footprint import DEFAULT_LORA_RANK, METHODS
 
@@ -129,7 +130,9 @@ def main(argv: Sequence[str]) -> int:
                 batch = random_rows(config.vocab_size, args.global_batch_size, args.seq_len)
                 res = run_trainer(lambda step, batch=batch: [batch], args=args, rows_per_step=args.global_batch_size,
                                   tokens_per_step=lambda bs: sum(int(b["input_ids"].numel()) for b in bs))
-            results[setup] = emit(_record(setup, res, args=args, fpt=fpt, peak=peak, datasheet=datasheet,
+            used = fpt if args.method == "full" else step_flops(config, args.method, args.seq_len,
+                                                                  res["trainable_params"], checkpointed=False)
+            results[setup] = emit(_record(setup, res, args=args, fpt=used, peak=peak, datasheet=datasheet,
                                           config=config))
         except Exception as e:  # noqa: BLE001 - report and keep the other setups going
             emit_error(setup, e)
