@@ -14,6 +14,8 @@ import pytest
 from tests.guards import nonempty
 from trainer.bench import main as bench_main
 from trainer.bench.padding import instruction_documents, instruction_lengths
+from trainer.bench.shapes import model_config
+from trainer.model import flops as flops_lib
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -184,3 +186,24 @@ def test_throughput_of_any_architecture_from_its_config_folder_or_file(tmp_path,
     (tmp_path / "broken.json").write_text("{not json")
     assert bench_main(["--model-shape", str(tmp_path / "broken.json")]) == 2
     assert "not a transformers model config" in capsys.readouterr().err
+
+
+def test_lora_and_qlora_benchmarks_train_the_same_adapters_as_peft_beside_the_baseline(capsys):
+    """--method lora: the trainer and transformers' Trainer on peft's get_peft_model train the same adapter
+    parameters; --method qlora runs the trainer alone on the NF4 base (the baseline would need bitsandbytes)."""
+    small = ["--model-shape", "tiny", "--seq-len", "32", "--global-batch-size", "2", "--hf-micro-batch-size", "2",
+             "--steps", "1", "--warmup", "0", "--lora-rank", "4"]
+    assert bench_main([*small, "--method", "lora"]) == 0
+    lora = _lines(capsys.readouterr().out)
+    assert {lora[s]["method"] for s in ("trainer", "hf_trainer")} == {"lora"}
+    # rank 4 x (in + out) per linear of the tiny shape's 2 layers: q, o 64->64; k, v 64->32; gate, up 64->128; down
+    adapters = 2 * 4 * (2 * (64 + 64) + 2 * (64 + 32) + 3 * (64 + 128))
+    assert lora["trainer"]["trainable_params"] == lora["hf_trainer"]["trainable_params"] == adapters
+    full = flops_lib.flops_per_token(model_config("tiny"), 32) / 1e9  # a frozen base has no weight gradients
+    assert lora["trainer"]["gflop_per_token"] == lora["hf_trainer"]["gflop_per_token"] < round(full, 4)
+    assert bench_main([*small, "--method", "qlora"]) == 0
+    qlora = _lines(capsys.readouterr().out)
+    assert set(qlora) == {"matmul_peak", "trainer"} and qlora["trainer"]["method"] == "qlora"
+    assert qlora["trainer"]["trainable_params"] == adapters and qlora["trainer"]["tokens_per_s"] > 0
+    assert bench_main([*small, "--method", "qlora", "--setups", "hf_trainer,trainer"]) == 2
+    assert "transformers' Trainer has no 4-bit base without bitsandbytes" in capsys.readouterr().err

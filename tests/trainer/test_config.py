@@ -243,7 +243,7 @@ def test_transformers_semantics_of_the_trl_keys(tmp_path, text, want):
 
 def test_trl_keys_that_do_not_apply_are_refused_each_with_its_reason(tmp_path):
     f = tmp_path / "sft.yaml"
-    f.write_text("packing: false\nbf16: false\nfp16: true\neval_strategy: best\nload_in_4bit: true\n"
+    f.write_text("packing: false\nbf16: false\nfp16: true\neval_strategy: best\nload_in_8bit: true\n"
                  "lr_scheduler_type: polynomial\nnum_train_epochs: 1.5\noptim: sgd\npush_to_hub: true\n"
                  "report_to: all\nhub_strategy: checkpoint\ndeepspeed: ds.json\ntorch_empty_cache_steps: 10\n")
     with pytest.raises(ConfigError) as e:
@@ -251,7 +251,7 @@ def test_trl_keys_that_do_not_apply_are_refused_each_with_its_reason(tmp_path):
     by_key = {p.split("key ", 1)[1].split(" ", 1)[0].strip("':"): p for p in e.value.problems}
     reasons = {"packing": "always packed", "bf16": "bf16 parameters on GPU", "fp16": "fp16 is not supported",
                "eval_strategy": "use eval_strategy: steps, epoch or no",
-               "load_in_4bit": "quantized training is not implemented yet",
+               "load_in_8bit": "8-bit training is not supported",
                "lr_scheduler_type": "supported: cosine, linear, constant", "num_train_epochs": "whole epochs",
                "optim": "AdamW", "report_to:": "name the backends",
                "hub_strategy": "checkpoints are not pushed", "deepspeed": "FSDP2",
@@ -260,6 +260,20 @@ def test_trl_keys_that_do_not_apply_are_refused_each_with_its_reason(tmp_path):
         problem = by_key[key.rstrip(":")]
         assert reason in problem, (key, problem)
     assert len(e.value.problems) == len(reasons)
+
+
+def test_trl_load_in_4bit_is_qlora_on_nf4_and_other_4bit_types_are_refused(tmp_path):
+    f = tmp_path / "qlora.yaml"
+    f.write_text("use_peft: true\nload_in_4bit: true\nbnb_4bit_quant_type: nf4\nuse_bnb_nested_quant: true\n"
+                 "lora_r: 8\n")
+    assert parse(["--config", str(f), *BASE]).method == "qlora"
+    f.write_text("load_in_4bit: true\nbnb_4bit_quant_type: fp4\n")
+    with pytest.raises(ConfigError) as e:
+        parse(["--config", str(f), *BASE])
+    assert len(e.value.problems) == 1 and "'fp4': only nf4 is supported" in e.value.problems[0]
+    f.write_text("use_peft: false\nload_in_4bit: true\n")
+    with pytest.raises(ConfigError, match="4-bit weights train only as QLoRA"):
+        parse(["--config", str(f), *BASE])
 
 
 def test_adamw_betas_and_epsilon_are_flags_trl_keys_and_result_settings(tmp_path):

@@ -137,13 +137,19 @@ def test_lora_under_fsdp2_on_two_ranks_is_peft_in_one_process(demo_assets, tmp_p
 
 
 def _check_resume_share(tmp_path) -> None:
-    """Resuming from object storage: each rank fetched the metadata, the train state, its own RNG file and the
+    """The checkpoint holds the adapters, not the frozen base (reloaded from the model). Resuming from object
+    storage: each rank fetched the metadata, the train state, its own RNG file and the
     byte ranges its pieces are in (about all of its own shard file, a few blocks of the other's), not the whole
     checkpoint, and came back bit for bit."""
     from trainer.run_folder import checkpoint as ckpt
 
     folder = tmp_path / "run" / ckpt.dir_name(2)
     saved = {p.relative_to(folder).as_posix(): p.stat().st_size for p in folder.rglob("*") if p.is_file()}
+    import torch.distributed.checkpoint as dcp
+
+    keys = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    weights = nonempty([k for k in keys if k.startswith("model.")], "checkpointed weights")
+    assert all(".lora_" in k for k in weights), [k for k in weights if ".lora_" not in k][:3]  # the adapters only
     shards = nonempty(sorted(f for f in saved if f.endswith(".distcp")), "shard files")
     assert len(shards) == 2 and min(saved[f] for f in shards) > 50_000, saved
     for r in (0, 1):

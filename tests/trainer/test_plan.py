@@ -193,7 +193,7 @@ def test_a_gpu_run_that_cannot_fit_is_refused_before_ray_with_the_bytes(model_70
     assert trainer(argv) == 2
     err = capsys.readouterr().err
     assert "a full fine-tune needs 143.34 GiB per GPU on 8 x NVIDIA L4" in err
-    assert "above the 20.12 GiB usable" in err and "what fits there: qlora" in err
+    assert "above the 20.12 GiB usable" in err and "what fits there: --method qlora" in err
     assert not (tmp_path / "runs").exists()
 
 

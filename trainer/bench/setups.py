@@ -103,6 +103,15 @@ def split_rows(batch: dict[str, torch.Tensor], size: int) -> list[dict[str, torc
     return [{k: v[i:i + size] for k, v in batch.items()} for i in range(0, n, size)]
 
 
+def adapter_arguments(args) -> dict[str, Any]:
+    """build_model's lora/qlora arguments for --method (rank --lora-rank, alpha twice it, no dropout)."""
+    method = getattr(args, "method", "full")
+    if method == "full":
+        return {}
+    return {"lora": {"rank": args.lora_rank, "alpha": 2.0 * args.lora_rank, "dropout": 0.0},
+            "qlora": method == "qlora"}
+
+
 def run_trainer(steps_fn: Callable[[int], list[dict]], *, args, rows_per_step: int,
                 tokens_per_step: Callable[[list[dict]], int], attn: str | None = None) -> dict[str, Any]:
     """The trainer's model setup (random init of --model-shape) and step, timed after warm-up."""
@@ -121,7 +130,7 @@ def run_trainer(steps_fn: Callable[[int], list[dict]], *, args, rows_per_step: i
     with tempfile.TemporaryDirectory() as folder:
         model = build_model(write_config(args.model_shape, Path(folder)), device=device, use_gpu=gpu, mesh=mesh,
                             attn_implementation=attn or args.attn, kernels=args.kernels, compile=args.compile,
-                            random_init=True)
+                            random_init=True, **adapter_arguments(args))
     optimizer = build_optimizer(model, fused=gpu, **adamw_arguments(OPTIMIZER))
     # the loss that gives the model's own
     loss = check_loss_path(model, resolve_loss(args.loss, device), device, collectives=ONE_PROCESS)
@@ -148,8 +157,10 @@ def run_trainer(steps_fn: Callable[[int], list[dict]], *, args, rows_per_step: i
     sync()
     seconds = time.perf_counter() - t0
     mem, mem_kind = peak_memory_gib()
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     del model, optimizer
-    return {"seconds": seconds, "tokens": tokens, "micro_batch_size": micro, "grad_accum": rows_per_step // micro,
+    return {"seconds": seconds, "trainable_params": trainable, "tokens": tokens, "micro_batch_size": micro,
+            "grad_accum": rows_per_step // micro,
             "loss_impl": loss, "liger_kernels": args.kernels != "none" and gpu and liger_kernels(),
             "compile": args.compile, "peak_mem_gib": round(mem, 2), "peak_mem_kind": mem_kind,
             "micro_batch_fit": fit, "last_loss": round(float(out.loss), 4)}
@@ -179,6 +190,12 @@ def run_hf_trainer(config, dataset, *, args, micro_batch: int, grad_accum: int, 
 
     gpu = on_gpu()
     model = AutoModelForCausalLM.from_config(config, attn_implementation=args.attn_baseline, dtype=torch.float32)
+    if getattr(args, "method", "full") == "lora":  # as TRL's SFTTrainer wraps the model for use_peft
+        import peft
+
+        model = peft.get_peft_model(model, peft.LoraConfig(r=args.lora_rank, lora_alpha=2.0 * args.lora_rank,
+                                                           lora_dropout=0.0, target_modules="all-linear",
+                                                           task_type="CAUSAL_LM"))
     marks: list[float] = []
     fetched: list[int] = []  # tokens of every micro-batch, in the order the Trainer consumes them
 
@@ -218,11 +235,12 @@ def run_hf_trainer(config, dataset, *, args, micro_batch: int, grad_accum: int, 
         trainer.remove_callback(PrinterCallback)  # its dict lines would interleave with the JSON lines
         trainer.train()
     mem, mem_kind = peak_memory_gib()
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     del trainer, model
     if len(marks) != 2:
         raise RuntimeError("the Trainer ran fewer steps than warm-up + timed steps")
     timed = fetched[args.warmup * grad_accum:(args.warmup + args.steps) * grad_accum]
-    return {"seconds": marks[1] - marks[0], "tokens": sum(timed), "micro_batch_size": micro_batch,
+    return {"seconds": marks[1] - marks[0], "tokens": sum(timed), "trainable_params": trainable, "micro_batch_size": micro_batch,
             "grad_accum": grad_accum, "peak_mem_gib": round(mem, 2), "peak_mem_kind": mem_kind}
 
 

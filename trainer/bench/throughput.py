@@ -26,7 +26,9 @@ from trainer.bench.setups import (
     transformers_version,
 )
 from trainer.bench.shapes import SETUPS, SHAPES, BenchError, model_config
+from trainer.jobs.plan import step_flops
 from trainer.model import flops as flops_lib
+from trainer.model.footprint import DEFAULT_LORA_RANK, METHODS
 
 
 def _parser(prog: str = "python -m trainer.bench") -> argparse.ArgumentParser:
@@ -41,7 +43,14 @@ def _parser(prog: str = "python -m trainer.bench") -> argparse.ArgumentParser:
                    help="Trainer micro-batch (accumulates to the same global batch)")
     p.add_argument("--steps", type=int, default=10 if gpu else 3, help="timed optimizer steps")
     p.add_argument("--warmup", type=int, default=3 if gpu else 1, help="untimed optimizer steps first")
-    p.add_argument("--setups", default=",".join(SETUPS), help=f"comma-separated, from {', '.join(SETUPS)}")
+    p.add_argument("--setups", default=None, help=f"comma-separated, from {', '.join(SETUPS)} (default: both; with "
+                                                  f"--method qlora the trainer only: the baseline has no 4-bit "
+                                                  f"weights without bitsandbytes)")
+    p.add_argument("--method", default="full", choices=METHODS,
+                   help="what trains: full, lora (peft's LoRA on every linear of the blocks; the baseline is "
+                        "transformers' Trainer on peft's get_peft_model, as TRL's SFTTrainer builds it) or qlora "
+                        "(the trainer's LoRA on a torchao NF4 base)")
+    p.add_argument("--lora-rank", type=int, default=DEFAULT_LORA_RANK, help="LoRA rank (alpha: twice the rank)")
     p.add_argument("--loss", default="auto", help="trainer loss: auto, chunked, liger or plain")
     p.add_argument("--kernels", default="auto", help="trainer kernels: auto (Liger on GPU if installed), liger, none")
     p.add_argument("--compile", action="store_true", help="torch.compile each decoder layer (trainer)")
@@ -53,6 +62,13 @@ def _parser(prog: str = "python -m trainer.bench") -> argparse.ArgumentParser:
 
 def _check(args) -> None:
     model_config(args.model_shape)
+    if args.setups is None:
+        args.setups = "trainer" if args.method == "qlora" else ",".join(SETUPS)
+    if args.method == "qlora" and "hf_trainer" in args.setups.split(","):
+        raise BenchError("--method qlora --setups hf_trainer: transformers' Trainer has no 4-bit base without "
+                         "bitsandbytes, which this project does not use; use --setups trainer")
+    if args.lora_rank < 1:
+        raise BenchError(f"--lora-rank = {args.lora_rank}: must be at least 1")
     for name in ("seq_len", "global_batch_size", "hf_micro_batch_size", "steps"):
         if getattr(args, name) < 1:
             raise BenchError(f"--{name.replace('_', '-')} = {getattr(args, name)}: must be at least 1")
@@ -76,7 +92,8 @@ def _record(setup: str, result: dict, *, args, fpt: float, peak: dict, datasheet
     tps = result.pop("tokens") / result.pop("seconds")
     shape = {} if config is None else {"model_type": config.model_type, "params": flops_lib.parameter_count(config),
                                        "matmul_params_per_token": flops_lib.matmul_params(config)}
-    return {"setup": setup, "model_shape": args.model_shape, **shape, "device": device_name(), "torch": torch.__version__,
+    return {"setup": setup, "model_shape": args.model_shape, "method": args.method, **shape, "device": device_name(),
+            "torch": torch.__version__,
             "transformers": transformers_version(), "seq_len": args.seq_len,
             "global_batch_size": args.global_batch_size, "steps": args.steps, "warmup": args.warmup,
             "tokens_per_s": round(tps, 1), "gflop_per_token": round(fpt / 1e9, 4),
@@ -113,7 +130,9 @@ def main(argv: Sequence[str]) -> int:
                 batch = random_rows(config.vocab_size, args.global_batch_size, args.seq_len)
                 res = run_trainer(lambda step, batch=batch: [batch], args=args, rows_per_step=args.global_batch_size,
                                   tokens_per_step=lambda bs: sum(int(b["input_ids"].numel()) for b in bs))
-            results[setup] = emit(_record(setup, res, args=args, fpt=fpt, peak=peak, datasheet=datasheet,
+            used = fpt if args.method == "full" else step_flops(config, args.method, args.seq_len,
+                                                                  res["trainable_params"], checkpointed=False)
+            results[setup] = emit(_record(setup, res, args=args, fpt=used, peak=peak, datasheet=datasheet,
                                           config=config))
         except Exception as e:  # noqa: BLE001 - report and keep the other setups going
             emit_error(setup, e)

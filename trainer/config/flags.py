@@ -292,18 +292,20 @@ class TrainConfig:
                                check=_pool, result=False,
                                shown_default="unset (any node); `submit --stack`: required when the stack has "
                                              "several GPU pools")
-    method: str = setting("full", "what trains: full (every weight) or lora (peft's LoRA adapters on the decoder "
-                                  "layers' linear layers, the base frozen; checkpoints hold the whole model, the "
-                                  "export adds an adapter folder); qlora is planned (python -m trainer plan), not "
-                                  "trained yet", choices=("full", "lora"), trl=("use_peft",))
-    lora_rank: int = setting(16, "LoRA rank (--method lora)", check=at_least(1), trl=("lora_r",))
+    method: str = setting("full", "what trains: full (every weight), lora (peft's LoRA adapters on the decoder "
+                                  "layers' linear layers, the base frozen) or qlora (LoRA on a base whose decoder-layer "
+                                  "linear weights are stored as torchao's 4-bit NF4); with lora and qlora checkpoints "
+                                  "hold only the adapters and their optimizer state, the export adds an adapter folder",
+                          choices=("full", "lora", "qlora"),
+                          trl=("use_peft", "load_in_4bit", "bnb_4bit_quant_type", "use_bnb_nested_quant"))
+    lora_rank: int = setting(16, "LoRA rank (--method lora, qlora)", check=at_least(1), trl=("lora_r",))
     lora_alpha: float = setting(32.0, "LoRA scale numerator: the adapters' product is scaled by lora_alpha / "
-                                      "lora_rank (--method lora)", check=positive, trl=("lora_alpha",))
-    lora_dropout: float = setting(0.05, "dropout on the adapters' input (--method lora)",
+                                      "lora_rank (--method lora, qlora)", check=positive, trl=("lora_alpha",))
+    lora_dropout: float = setting(0.05, "dropout on the adapters' input (--method lora, qlora)",
                                   check=lambda v: None if 0.0 <= v < 1.0 else "must be at least 0 and below 1",
                                   trl=("lora_dropout",))
     lora_target_modules: str | None = setting(None, "comma-separated module names of the decoder layers' linear "
-                                                    "layers that get adapters, e.g. q_proj,v_proj (--method lora)",
+                                                    "layers that get adapters, e.g. q_proj,v_proj (--method lora, qlora)",
                                               trl=("lora_target_modules",),
                                               shown_default="every linear layer of the decoder layers (all-linear)")
     random_init: bool = setting(False, "train from the config's random initialisation instead of the model's "
@@ -335,8 +337,8 @@ class TrainConfig:
 
     @property
     def lora(self) -> dict | None:
-        """trainer.model.adapters.apply_lora's arguments with --method lora; None for a full fine-tune."""
-        if self.method != "lora":
+        """trainer.model.adapters.apply_lora's arguments with --method lora or qlora; None for a full fine-tune."""
+        if self.method == "full":
             return None
         return {"rank": self.lora_rank, "alpha": self.lora_alpha, "dropout": self.lora_dropout,
                 "targets": self.lora_targets}
@@ -519,6 +521,18 @@ def validate(cfg: TrainConfig) -> None:
     problems.raise_if_any(ConfigError)
 
 
+def _method_rules(cfg: TrainConfig, add: Callable[[str, str], None]) -> None:
+    """LoRA's settings only with an adapter method; QLoRA only on a trained base."""
+    if cfg.method == "full":
+        given = [name for name in ("lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules")
+                 if getattr(cfg, name) != declared_default(next(f for f in fields(cfg) if f.name == name))]
+        for name in given:
+            add(name, "applies to --method lora and qlora; pass --method lora or drop it")
+    if cfg.method == "qlora" and cfg.random_init:
+        add("random_init", "--method qlora quantizes a trained base model's weights; drop --random-init, or use "
+                           "--method full or lora")
+
+
 def _across(cfg: TrainConfig, bad: set[str], add: Callable[[str, str], None], problems: Problems) -> None:
     """The rules that join flags: one of two, divisibility, what a device or a sharding allows."""
     if cfg.steps is not None and cfg.epochs is not None:
@@ -546,11 +560,7 @@ def _across(cfg: TrainConfig, bad: set[str], add: Callable[[str, str], None], pr
             add("shard_size", "applies to hybrid sharding; pass --sharding hybrid or drop --shard-size")
         elif "num_workers" not in bad and cfg.num_workers % cfg.shard_size:
             add("shard_size", f"must divide {flag('num_workers')} = {cfg.num_workers} (replicas x shard size)")
-    if cfg.method == "full":
-        given = [name for name in ("lora_rank", "lora_alpha", "lora_dropout", "lora_target_modules")
-                 if getattr(cfg, name) != declared_default(next(f for f in fields(cfg) if f.name == name))]
-        for name in given:
-            add(name, "applies to --method lora; pass --method lora or drop it")
+    _method_rules(cfg, add)
     if cfg.steps and cfg.warmup_steps >= cfg.steps > 1:
         problems.append(f"{flag('warmup_steps')} = {cfg.warmup_steps} must be below {flag('steps')} = {cfg.steps}")
 

@@ -25,7 +25,7 @@ from trainer.data import mixture
 
 # keys read with their own rules below (units, precedence, lists); every other key a flag declares
 # under `trl=` (trainer.config.flags) is a plain rename with the same meaning and unit
-CONVERTED = frozenset({"use_peft", "lora_target_modules",
+CONVERTED = frozenset({"use_peft", "lora_target_modules", "load_in_4bit", "bnb_4bit_quant_type", "use_bnb_nested_quant",
                        "num_train_epochs", "max_steps", "warmup_steps", "warmup_ratio", "lr_scheduler_type",
                        "output_dir", "report_to", "gradient_accumulation_steps", "lr_scheduler_kwargs",
                        "completion_only_loss", "assistant_only_loss", "dataset_mixture", "eval_strategy",
@@ -51,9 +51,8 @@ _REFUSED_BY_REASON = {
     "sharding is FSDP2, set up by this trainer (--sharding)": ("deepspeed", "fsdp", "fsdp_config"),
     "Ray Train sets up the process group (NCCL on GPU, gloo on CPU)": ("ddp_backend", "local_rank"),
     "packed rows are memory-mapped; there is no DataLoader": ("dataloader_num_workers", "dataloader_pin_memory"),
-    "quantized training is not implemented yet (QLoRA is planned: `python -m trainer plan` shows what it needs per "
-    "GPU); use use_peft: true without it": ("load_in_4bit", "load_in_8bit", "bnb_4bit_quant_type",
-                                            "use_bnb_nested_quant"),
+    "8-bit training is not supported; use load_in_4bit: true (QLoRA on torchao's NF4) or use_peft: true alone": (
+        "load_in_8bit",),
     "compilation is chosen by this trainer": ("torch_compile",),
     "rows are always packed with per-document position ids": ("padding_free",),
     "documents are always truncated at the end (keep_start)": ("truncation_mode",),
@@ -297,12 +296,22 @@ def _renamed(hf: dict, mapped: dict, accepted: dict, refuse) -> None:
 
 
 def _peft(hf: dict, mapped: dict, refuse) -> None:
-    """TRL's use_peft (LoRA through peft) as --method, its lora_target_modules (a name, a list, all-linear) as text."""
-    if "use_peft" in hf:
-        if not isinstance(hf["use_peft"], bool):
-            refuse("use_peft", "must be true or false")
-        else:
-            mapped["method"] = "lora" if hf["use_peft"] else "full"
+    """TRL's use_peft (LoRA through peft) as --method, with load_in_4bit QLoRA (the base in torchao's NF4, which is
+    bitsandbytes' nf4 with its scales always quantized too), its lora_target_modules (a name, a list, all-linear)
+    as text."""
+    flags = {key: hf[key] for key in ("use_peft", "load_in_4bit", "use_bnb_nested_quant") if key in hf}
+    for key in [k for k, v in flags.items() if not isinstance(v, bool)]:
+        refuse(key, "must be true or false")
+    if all(isinstance(v, bool) for v in flags.values()):
+        if flags.get("load_in_4bit"):
+            if flags.get("use_peft") is False:
+                refuse("load_in_4bit", "4-bit weights train only as QLoRA; set use_peft: true (or drop load_in_4bit)")
+            mapped["method"] = "qlora"
+        elif "use_peft" in flags:
+            mapped["method"] = "lora" if flags["use_peft"] else "full"
+    quant = hf.get("bnb_4bit_quant_type")
+    if "bnb_4bit_quant_type" in hf and quant != "nf4":
+        refuse("bnb_4bit_quant_type", f"{quant!r}: only nf4 is supported (torchao's NF4); use nf4")
     if "lora_target_modules" in hf:
         value = hf["lora_target_modules"]
         items = value if isinstance(value, list) else [value]

@@ -34,7 +34,7 @@ from trainer.jobs.plan import run_refusal
 from trainer.loop.behaviour import measure
 from trainer.loop.metrics import credential_problems, missing_backends
 from trainer.loop.run import CHAT_TEMPLATE_KEY, ONE_PER_ROW_KEY, train_func
-from trainer.model import adapters
+from trainer.model import adapters, quantize
 from trainer.model.build import check_architecture, check_checkpoint
 from trainer.model.errors import ModelSourceError
 from trainer.model.sources import (
@@ -175,6 +175,11 @@ def _check_model(cfg: TrainConfig, fs_for: Callable[[str], Any], info: dict, pro
                 info["lora_targets"] = adapters.check_targets(mcfg, cfg.lora_targets)
             except ValueError as e:
                 problems.append(f"{flag('lora_target_modules')}: {e}")
+        if cfg.method == "qlora":
+            try:
+                info["nf4_linears"] = len(quantize.check(mcfg, cfg.shard_size or cfg.num_workers))
+            except ValueError as e:
+                problems.append(f"{flag('method')} qlora: {e}")
         too_big, info["plan"] = run_refusal(cfg, mcfg)  # GPU memory per worker, before any GPU is paid for
         if too_big:
             problems.append(f"{flag('model')} {cfg.model}: {too_big}")

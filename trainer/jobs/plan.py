@@ -208,7 +208,7 @@ def refusal(plan: dict[str, Any], method: str) -> str | None:
     if entry["fits"]:
         return None
     others = [e for e in plan["methods"] if e["method"] != method]
-    trained = {"full": "--method full", "lora": "--method lora", "qlora": "qlora (planned, not trained yet)"}
+    trained = {"full": "--method full", "lora": "--method lora", "qlora": "--method qlora"}
     fitting = [f"{trained[e['method']]} {e['gib_per_gpu']:.2f} GiB" for e in others if e["fits"]]
     gpus_needed = _gpus_to_fit(entry, plan)
     acts = entry["activations_checkpointed_gib" if entry["activation_checkpointing"] else "activations_gib"]

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from trainer.model.parts import model_parts
+from trainer.model.sharding import shard_index
 
 ADAPTER = "default"  # peft's adapter name
 
@@ -86,9 +87,8 @@ def _local_rows(full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     """This rank's rows of `full` as FSDP2 shards it (torch.chunk on the first dimension)."""
     if not hasattr(param, "to_local"):
         return full
-    mesh = param.device_mesh
-    pieces = full.chunk(mesh.size(), dim=0)
-    index = mesh.get_local_rank()
+    index, count = shard_index(param)
+    pieces = full.chunk(count, dim=0)
     return pieces[index] if index < len(pieces) else full[:0]
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from trainer.model import adapters
+from trainer.model import adapters, quantize
 from trainer.model.errors import UnsupportedArchitecture
 from trainer.model.parts import ModelParts, model_parts
 from trainer.model.sharding import mixed_precision, shard_model
@@ -120,10 +120,20 @@ def _whole_params(init_weights):
     return run
 
 
+def shard_ranks(mesh) -> int:
+    """How many ranks FSDP2 splits each parameter over: the mesh's last (shard) dimension, else the world."""
+    if mesh is not None:
+        return mesh.size(mesh.ndim - 1)
+    return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+
+
 def poison(model: nn.Module) -> None:
-    """Every floating-point tensor NaN (this rank's shard): a tensor nothing writes is then seen, not trained."""
+    """Every floating-point tensor NaN (this rank's shard): a tensor nothing writes is then seen, not trained.
+    NF4 weights (QLoRA) are skipped: only loading gives them values, and a missing one is an error there."""
     with torch.no_grad():
         for t in [*model.parameters(), *model.buffers()]:
+            if quantize.is_nf4(t):
+                continue
             local = t.to_local() if hasattr(t, "to_local") else t
             if local.is_floating_point():
                 local.fill_(float("nan"))
@@ -204,6 +214,28 @@ def compile_layers(model: nn.Module) -> None:
         layer.forward = torch.compile(layer.forward)
 
 
+def _adapt(model: nn.Module, lora: dict, *, qlora: bool, use_gpu: bool, mesh) -> None:
+    """peft's LoRA layers on the meta model, sharded with their layer (trainer.model.adapters); with `qlora` the
+    frozen linear weights of the blocks NF4 (trainer.model.quantize)."""
+    frozen = torch.bfloat16 if use_gpu else None
+    adapters.apply_lora(model, **{"frozen_dtype": frozen, **lora})
+    if qlora:
+        done = quantize.quantize_blocks(model, shard_ranks(mesh), frozen or torch.float32)
+        total = len(quantize.block_linear_weights(model))
+        if total > len(done) and (not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0):
+            log.warning("QLoRA: %d of the %d linear weights of the decoder layers do not shard evenly in NF4 over "
+                        "%d rank(s) and stay %s", total - len(done), total, shard_ranks(mesh), frozen or torch.float32)
+
+
+def _load_base(model: nn.Module, path, *, lora: bool, qlora: bool, random_init: bool, seed: int) -> None:
+    """The checkpoint's shards (under its own names with adapters on); random NF4 weights for a random qlora base."""
+    if not random_init:
+        with adapters.base_names(model) if lora else contextlib.nullcontext():
+            _load_checked(model, path)
+    elif qlora:
+        quantize.init_random(model, seed)
+
+
 def build_model(
     path: str | Path,
     *,
@@ -217,11 +249,13 @@ def build_model(
     compile: bool = False,
     random_init: bool = False,
     lora: dict | None = None,
+    qlora: bool = False,
 ) -> nn.Module:
     """A sharded, weight-loaded causal LM ready to train; `random_init`: the config's initialisation instead
     (a folder without weights is an error otherwise: trainer.model.sources.check_weights).
 
-    `lora` (apply_lora's arguments): peft's LoRA adapters, the rest frozen (trainer.model.adapters).
+    `lora` (apply_lora's arguments): peft's LoRA adapters, the rest frozen (trainer.model.adapters); with
+    `qlora` the decoder layers' frozen linear weights are NF4, quantized as they load (trainer.model.quantize).
     `kernels`: "liger" patches Liger's RMSNorm/SwiGLU/RoPE kernels into the model, "auto"
     does so on GPU when liger-kernel is installed, "none" keeps transformers' modules.
     """
@@ -248,19 +282,17 @@ def build_model(
                 raise
             log.warning("Liger kernels not applied (%s: %s); using transformers' modules", type(e).__name__, e)
             model = on_meta()
-    if lora:  # peft's LoRA layers on the meta model, sharded with their layer (trainer.model.adapters)
-        adapters.apply_lora(model, **{"frozen_dtype": torch.bfloat16 if use_gpu else None, **lora})
+    if lora:
+        _adapt(model, lora, qlora=qlora, use_gpu=use_gpu, mesh=mesh)
     if activation_checkpointing:
         enable_activation_checkpointing(model)
     if compile:
         compile_layers(model)
     remember_conversions(model)  # before fully_shard renames the classes transformers looks them up by
-    shard_model(model, mixed_precision(use_gpu), mesh=mesh)
+    shard_model(model, mixed_precision(use_gpu), mesh=mesh, ignored_params=quantize.unsharded(model, shard_ranks(mesh)))
     model.to_empty(device=device)
     poison(model)
-    if not random_init:
-        with adapters.base_names(model) if lora else contextlib.nullcontext():
-            _load_checked(model, path)
+    _load_base(model, path, lora=bool(lora), qlora=qlora, random_init=random_init, seed=seed)
     initialise_unloaded(model, seed)
     if lora:
         adapters.init_adapters(model, seed)

@@ -19,19 +19,21 @@ def mixed_precision(use_gpu: bool):
     return MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
 
 
-def shard_model(model: nn.Module, mp_policy, mesh=None) -> nn.Module:
-    """fully_shard each decoder layer, the embedding/norm/lm_head group, then the root (everything else)."""
+def shard_model(model: nn.Module, mp_policy, mesh=None, ignored_params: set | None = None) -> nn.Module:
+    """fully_shard each decoder layer, the embedding/norm/lm_head group, then the root (everything else);
+    `ignored_params` stay outside FSDP2, whole on every rank."""
     parts = model_parts(model)
+    kw = {"mesh": mesh, "mp_policy": mp_policy, **({"ignored_params": ignored_params} if ignored_params else {})}
     for i, layer in enumerate(parts.layers):
         # The last layer is needed again right away by backward: keep it gathered.
-        fully_shard(layer, mesh=mesh, mp_policy=mp_policy, reshard_after_forward=i < len(parts.layers) - 1)
+        fully_shard(layer, reshard_after_forward=i < len(parts.layers) - 1, **kw)
     tail = [m for m in (parts.norm, parts.head) if m is not None]
     if parts.tied:
-        fully_shard([parts.embed, *tail], mesh=mesh, mp_policy=mp_policy)
+        fully_shard([parts.embed, *tail], **kw)
     else:
-        fully_shard(parts.embed, mesh=mesh, mp_policy=mp_policy)
-        fully_shard(tail, mesh=mesh, mp_policy=mp_policy)
-    fully_shard(model, mesh=mesh, mp_policy=mp_policy)
+        fully_shard(parts.embed, **kw)
+        fully_shard(tail, **kw)
+    fully_shard(model, **kw)
     keep_library_class(model)
     return model
 
@@ -50,3 +52,18 @@ def keep_library_class(model: nn.Module) -> None:
             continue
         if "is_custom_code" not in cls.__dict__:
             cls.is_custom_code = classmethod(lambda _cls, _original=original: _original.is_custom_code())
+
+
+def shard_index(param: torch.Tensor) -> tuple[int, int]:
+    """(this rank's chunk, how many) of a dim-0 sharded DTensor, on the mesh's shard dimension (hybrid sharding
+    replicates over the other); (0, 1) for a plain tensor."""
+    placements = getattr(param, "placements", None)
+    if placements is None:
+        return 0, 1
+    from torch.distributed.tensor import Shard
+
+    mesh = param.device_mesh
+    dims = [d for d, p in enumerate(placements) if isinstance(p, Shard)]
+    if not dims:
+        return 0, 1
+    return mesh.get_local_rank(dims[0]), mesh.size(dims[0])

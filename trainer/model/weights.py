@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from facts.errors import first_line
+from trainer.model import quantize
 from trainer.model.errors import ModelSourceError
 from trainer.model.parts import model_name
 
@@ -193,7 +194,18 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
+def _read_rows(tensor: torch.Tensor) -> slice | None:
+    """The rows this rank reads: an NF4 weight (QLoRA) is read whole, quantized as one (trainer.model.quantize)."""
+    return None if quantize.is_nf4(tensor) else _rows(tensor)[0]
+
+
 def _copy(name: str, target: torch.Tensor, value: torch.Tensor, what: str) -> None:
+    if quantize.is_nf4(target):
+        if tuple(value.shape) != tuple(target.shape):
+            raise ModelSourceError(f"{what}: shape {tuple(value.shape)} does not fit {name} of shape "
+                                   f"{tuple(target.shape)}; the checkpoint is not of this config")
+        quantize.load_full(target, value)
+        return
     dest = _local(target)
     if tuple(value.shape) != tuple(dest.shape):
         raise ModelSourceError(f"{what}: shape {tuple(value.shape)} does not fit {name} (this rank's shard "
@@ -228,7 +240,7 @@ def _load_converted(model, name: str, entry: _Target, ckpt: Checkpoint, targets:
         if target_name not in targets:
             raise ModelSourceError(f"transformers' conversion of {sorted(entry.sources)} gave {target_name}, "
                          f"which {model_name(model)} does not have")
-        target_rows, _ = _rows(targets[target_name])
+        target_rows = _read_rows(targets[target_name])
         if not subset and target_rows is not None:
             value = value[target_rows]
         sources = sum(len(keys) for keys in entry.sources.values())
@@ -301,8 +313,8 @@ def load_sharded(model: nn.Module, folder: Path) -> dict:
                 try:
                     if entry.converter is None:
                         (key,) = next(iter(entry.sources.values()))
-                        rows, _ = _rows(targets[name])
-                        _copy(name, targets[name], ckpt.read(key, rows), f"{key} of shape {ckpt.shape(key)}")
+                        _copy(name, targets[name], ckpt.read(key, _read_rows(targets[name])),
+                              f"{key} of shape {ckpt.shape(key)}")
                         loaded.add(name)
                     else:
                         loaded.update(_load_converted(model, name, entry, ckpt, targets))

@@ -1,7 +1,9 @@
 """Sharded checkpoints in run storage and resumption (the Hugging Face export: trainer.run_folder.export).
 
 Layout of one checkpoint, `<run>/checkpoint_<step>/`:
-  *.distcp, .metadata   torch.distributed.checkpoint shards of model and optimizer
+  *.distcp, .metadata   torch.distributed.checkpoint shards of the trained parameters and their optimizer
+                        state (with --method lora/qlora the adapters only: the frozen base is reloaded from
+                        the model source, whose identity run.json pins)
   rng/rank_<r>.pt       each rank's Python/NumPy/torch RNG state, tensors and plain values only
   train_state.json      step, data position, scheduler state, world size
   COMPLETE.json         written last, after every rank's files are in storage
@@ -153,10 +155,22 @@ def _pickled_globals(path: Path, allowed: list) -> str:
     return ", ".join(sorted(g for g in found if g not in allowed_names)) or "objects weights_only=True does not load"
 
 
+def _options(loading: bool = False):
+    """Only the parameters that train: with lora/qlora the frozen base is not saved (it is reloaded from the model
+    source on resume, which run.json's model identity pins), so a checkpoint holds the adapters and their state.
+    Loading, the frozen keys are absent by design (dcp.load has already refused any trained key it lacks)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(ignore_frozen_params=True, strict=not loading)
+
+
 def _sharded_state(model, optimizer) -> dict:
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-    return {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, optimizer)}
+    frozen = {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    model_state = get_model_state_dict(model, options=_options())  # keeps a tied copy of a frozen weight: dropped
+    return {"model": {k: v for k, v in model_state.items() if k not in frozen},
+            "optim": get_optimizer_state_dict(model, optimizer, options=_options())}
 
 
 @contextmanager
@@ -610,8 +624,8 @@ def load(storage: Storage, name: str, model, optimizer, scheduler) -> dict:
     with _rank_copy(storage, name, model, optimizer) as folder:
         state = _sharded_state(model, optimizer)
         dcp.load(state, checkpoint_id=str(folder))
-        set_model_state_dict(model, state["model"])
-        set_optimizer_state_dict(model, optimizer, state["optim"])
+        set_model_state_dict(model, state["model"], options=_options(loading=True))
+        set_optimizer_state_dict(model, optimizer, state["optim"], options=_options(loading=True))
         train_state = json.loads((folder / TRAIN_STATE).read_text())
         if scheduler is not None and train_state.get("scheduler"):
             scheduler.load_state_dict(train_state["scheduler"])

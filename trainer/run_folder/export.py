@@ -3,7 +3,8 @@
 Beside the checkpoints (trainer.run_folder.checkpoint) in the run folder, under `model/`: a folder
 `from_pretrained` loads as it is, in the checkpoint's own key layout as save_pretrained writes it.
 With LoRA (--method lora) `model/` holds the adapters merged into the base (peft's merge_and_unload,
-in fp32, then bf16) and `adapter/` the adapters themselves (fp32), which peft loads onto the base.
+in fp32, then bf16) and `adapter/` the adapters themselves (fp32), which peft loads onto the base. With QLoRA
+the base merged into is the one that trained: the NF4 weights dequantized (trainer.model.quantize).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from trainer.model import adapters
+from trainer.model import adapters, quantize
 from trainer.storage import Storage
 
 EXPORT_DIR = "model"
@@ -35,8 +36,9 @@ def export_hf(storage: Storage, model, tokenizer, source: str | Path | None = No
     tied = head is not None and head.weight is embed.weight
     tied_keys = set(getattr(model, "all_tied_weights_keys", None) or {"lm_head.weight"}) if tied else set()
     full: dict[str, torch.Tensor] = {}
+    nf4 = quantize.dequantized(model) if any(quantize.is_nf4(p) for p in model.parameters()) else {}
     for key, value in model.state_dict().items():
-        tensor = value.full_tensor() if hasattr(value, "full_tensor") else value
+        tensor = nf4.pop(key) if key in nf4 else value.full_tensor() if hasattr(value, "full_tensor") else value
         if rank == 0 and key not in tied_keys:  # adapted weights stay fp32 until merged
             full[key] = tensor.detach().to("cpu", torch.float32 if lora and (
                 ".lora_" in key or ".base_layer." in key) else torch.bfloat16).contiguous()
