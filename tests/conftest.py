@@ -48,13 +48,12 @@ def strict_raycluster_schema(raycluster_schema) -> jsonschema.Validator:
 
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
-def pytest_collection_modifyitems(items):
+def pytest_itemcollected(item):
     """Every test that needs the session's Ray cluster is a `ray` test: `pytest -m "not ray"` is the fast tier.
 
     Under pytest-xdist (pytest.ini: `--dist loadgroup`) the `ray` tests are one group, run by one worker in file
-    order: one session cluster, each module's shared runs reused, while the other workers run the rest."""
-    for item in items:
-        if "ray_cluster" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.ray)
-            item.add_marker(pytest.mark.xdist_group("ray"))
+    order: one session cluster, each module's shared runs reused, while the other workers run the rest. Marked as
+    each item is collected, before any collection_modifyitems hook (xdist's reads the groups in its own)."""
+    if "ray_cluster" in getattr(item, "fixturenames", ()):
+        item.add_marker(pytest.mark.ray)
+        item.add_marker(pytest.mark.xdist_group("ray"))
