@@ -116,7 +116,9 @@ def ray_cluster():
         ray_start_head(temp_dir, port, dash_port),
         # PATH is left as it is, as after `.venv/bin/ray start` without activating the virtualenv:
         # a bare `python` there has no torch, and jobs must still find the interpreter that does.
-        env={**os.environ, **auth},
+        # RAY_ADDRESS: Ray Train's PlacementGroupCleaner asks the state API with no address, which fails with a
+        # traceback ("Found multiple active Ray instances") when another cluster runs on the same machine.
+        env={**os.environ, **auth, "RAY_ADDRESS": f"127.0.0.1:{port}"},
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     saved = {k: os.environ.get(k) for k in auth}
     os.environ.update(auth)

@@ -247,6 +247,8 @@ def build_trainer(cfg: TrainConfig, storage_filesystem: Any = None, *, quiet: bo
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig
     from ray.train.torch import TorchTrainer
 
+    from trainer.loop.user_errors import QuietUserErrors
+
     storage_path = cfg.storage_path
     if storage_filesystem is not None and "://" in storage_path:
         storage_path = storage_path.split("://", 1)[1]
@@ -265,6 +267,7 @@ def build_trainer(cfg: TrainConfig, storage_filesystem: Any = None, *, quiet: bo
             storage_path=storage_path,
             storage_filesystem=storage_filesystem,
             failure_config=FailureConfig(max_failures=0),
+            callbacks=[QuietUserErrors()],  # a worker's UserError: the driver's one line, not Ray's tracebacks
             checkpoint_config=CheckpointConfig(num_to_keep=cfg.num_to_keep),
             worker_runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "TRAINER_QUIET_RAY": str(int(quiet))}},
             logging_config=LoggingConfig(log_level="WARNING" if quiet else "INFO"),
