@@ -365,16 +365,38 @@ def _ray_tracked(storage: Storage) -> set[str] | None:
         return None
 
 
+def ray_record(names_: list[str]) -> bytes:
+    """Ray Train's checkpoint_manager_snapshot.json naming these checkpoints (oldest first; the newest is the latest).
+
+    What Ray 2.58's CheckpointManager._load_state reads (ray/train/v2/_internal/execution/checkpoint/
+    checkpoint_manager.py, _CheckpointManagerState): the same Ray version as the one running, each checkpoint's
+    folder name and metrics (here only its step: the logged metrics are in metrics.jsonl), one report index per
+    checkpoint, nothing pending validation."""
+    from importlib.metadata import version
+
+    results = [{"version": 0, "checkpoint_dir_name": n, "metrics": {"step": step_of(n), "checkpoint_step": step_of(n)}}
+               for n in names_]
+    return json.dumps({
+        "ray_version": version("ray"), "checkpoint_results": results,
+        "checkpoint_report_indices": list(range(len(results))),
+        "latest_checkpoint_result": results[-1] if results else None,
+        "pending_training_results": [], "pending_validation_specs": [], "current_report_index": len(results),
+        "validated_checkpoint_dir_names": [], "timed_out_validation_checkpoint_dir_names": [],
+        "failed_validation_checkpoint_dir_names": []}, indent=1).encode()
+
+
 def repair_ray_record(storage: Storage) -> str | None:
-    """Ray Train's checkpoint record set aside when it names a checkpoint that is not complete, or cannot be read.
+    """Ray Train's checkpoint record rebuilt from the complete checkpoints when it names one that is not complete,
+    or cannot be read; the old one is set aside.
 
     Ray resumes from the newest checkpoint its record names and deletes the paths of those it
     drops past --num-to-keep. When the newest is torn (an upload cut short), this trainer resumes
     from an older one and saves the same step again, under the same name: Ray, still tracking the
     torn one, would later delete the new folder as the old one's, then fail on the path it removed.
     An unreadable record (a full disk leaves it empty) fails every resume inside Ray's controller.
-    Without it Ray starts afresh, the trainer resumes from its newest complete checkpoint, and
-    `prune` deletes what Ray no longer tracks. Returns the line to log, None when the record is fine.
+    The rebuilt record names the complete checkpoints up to the newest that verifies (verified_names),
+    so Ray resumes from that one and keeps deleting old ones by its own rule. Returns the line to log,
+    None when the record is fine.
     """
     if not storage.exists(RAY_SNAPSHOT):
         return None
@@ -391,9 +413,23 @@ def repair_ray_record(storage: Storage) -> str | None:
     stamp = f"{RAY_SNAPSHOT}.set-aside-{time.strftime('%Y%m%dT%H%M%S')}"
     aside = next(name for n in range(1000) if not storage.exists(name := f"{stamp}{f'-{n}' if n else ''}"))
     storage.write_bytes(text, aside)
-    storage.delete_file(RAY_SNAPSHOT)
-    return (f"Ray Train's checkpoint record {storage.path(RAY_SNAPSHOT)} {why}: set aside as {aside}; the run "
-            f"resumes from its newest complete checkpoint")
+    complete = verified_names(storage)
+    if not complete:
+        storage.delete_file(RAY_SNAPSHOT)
+        return (f"Ray Train's checkpoint record {storage.path(RAY_SNAPSHOT)} {why}: set aside as {aside}; no "
+                f"checkpoint is complete, so the run starts from step 0")
+    storage.write_bytes(ray_record(complete), RAY_SNAPSHOT)
+    return (f"Ray Train's checkpoint record {storage.path(RAY_SNAPSHOT)} {why}: set aside as {aside} and rebuilt "
+            f"from the verified checkpoint(s) {', '.join(complete)}; the run resumes from {complete[-1]}")
+
+
+def verified_names(storage: Storage) -> list[str]:
+    """The complete checkpoints up to the newest whose content is what was written (the one a resume starts
+    from), oldest first; one process hashes the newest until one verifies."""
+    complete = complete_names(storage)
+    while complete and content_problems(storage, complete[-1]):
+        complete.pop()
+    return complete
 
 
 def complete_names(storage: Storage) -> list[str]:
