@@ -245,6 +245,40 @@ def test_an_rng_file_holding_a_pickled_object_is_refused_without_running_it(proc
     assert "\n" not in message and not ran.exists()
 
 
+def test_a_run_whose_every_saved_checkpoint_is_damaged_is_refused_not_trained_again_from_step_0(
+        process_group, demo_assets, tmp_path):
+    """A resume that finds no intact checkpoint after saves completed would quietly start over (and Ray, still naming
+    them, then deletes the steps saved again): refused on the workers, before Ray (sizes), and by the record's repair.
+    A folder without a marker is a save that never completed: a run with only those starts from step 0."""
+    store = _saved_run(demo_assets, tmp_path, steps=(1, 2))
+    one, two = ckpt.dir_name(1), ckpt.dir_name(2)
+    shard = tmp_path / "run" / one / "__0_0.distcp"
+    shard.write_bytes(b"\0" * shard.stat().st_size)  # same size: only its sha256 tells
+    (tmp_path / "run" / two / "__0_0.distcp").write_bytes(b"")
+    ckpt.check_resumable(store)  # one of them is complete by its sizes: the workers hash it
+    with pytest.raises(ckpt.DamagedCheckpoints) as refused:
+        ckpt.resume_point(store)
+    message = str(refused.value)
+    assert message.startswith(f"{store.root}: every checkpoint this run saved is damaged ({one}: content differs "
+                              f"from what was written (__0_0.distcp: sha256 "), message
+    assert f"; {two}: files listed in {ckpt.MARKER} are gone or shorter: __0_0.distcp (0 of " in message
+    assert " bytes)), so resuming would train it again from step 0. Restore them from a copy; or delete those " \
+           "folders" in message
+    assert "\n" not in message and message.endswith("or start a new run (another --run-name)")
+    store.write_text("", ckpt.RAY_SNAPSHOT)
+    with pytest.raises(ckpt.DamagedCheckpoints, match=f"{one}: content differs"):
+        ckpt.repair_ray_record(store)
+    assert store.read_text(ckpt.RAY_SNAPSHOT) == ""  # refused before anything is set aside or written
+
+    shard.write_bytes(b"")
+    with pytest.raises(ckpt.DamagedCheckpoints, match=f"damaged \\({one}: files listed"):
+        ckpt.check_resumable(store)  # before Ray: every one is short
+    for name in (one, two):
+        store.delete_file(name, ckpt.MARKER)  # saves that never completed
+    ckpt.check_resumable(store)
+    assert ckpt.resume_point(store) is None
+
+
 def _rays_view(store: Storage):
     """What Ray Train 2.58's own checkpoint manager reads from the run folder's record: (its checkpoints, latest)."""
     from ray.train import CheckpointConfig

@@ -133,7 +133,9 @@ def preflight(cfg: TrainConfig, storage_filesystem: Any = None, *, full_data: bo
                                        tokenizer=tokenizer_fingerprint(tokenizer),
                                        model=resume.model_identity(cfg.model, storage_fs=fs_for(cfg.model)),
                                        chat_template=template)
-        changed = resume.check(cfg, info["inputs"], Storage.from_uri(cfg.run_uri, fs=fs_for(cfg.run_uri)))
+        run_storage = Storage.from_uri(cfg.run_uri, fs=fs_for(cfg.run_uri))
+        changed = resume.check(cfg, info["inputs"], run_storage)
+        ckpt.check_resumable(run_storage)  # saved checkpoints, all damaged: never quietly trained again from 0
         info["notes"] += [f"{flag('resume_anyway')}: resuming {cfg.run_uri} although {d}" for d in changed]
     return info
 
