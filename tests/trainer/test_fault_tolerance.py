@@ -263,6 +263,10 @@ def test_a_marker_is_trusted_only_while_every_file_it_lists_is_there(process_gro
     assert ckpt.resume_point(store, preferred=store.path(ckpt.dir_name(2))) == ckpt.dir_name(1)
     shard.unlink()
     assert ckpt.resume_point(store) == ckpt.dir_name(1)
-    # and a half-written marker (a crash while writing it on a local disk) is no marker
+    # and a half-written marker (a crash while writing it on a local disk) is no marker: step 1's save never
+    # completed, so step 2's is the only one and it is damaged (refused: not trained again from step 0 unasked)
     store.write_text('{"step": 1, "fi', ckpt.dir_name(1), ckpt.MARKER)
+    with pytest.raises(ckpt.DamagedCheckpoints, match=rf"damaged \({ckpt.dir_name(2)}: files listed [^;]*\), so"):
+        ckpt.resume_point(store)
+    store.write_text('{"step": 2, "fi', ckpt.dir_name(2), ckpt.MARKER)
     assert ckpt.resume_point(store) is None

@@ -1,7 +1,7 @@
 """On the session's real Ray cluster (8 CPUs): a run that can never be placed is refused within seconds, a
 user error on the workers ends the run at once whatever --max-failures says (exit 2, one `error:` line without
-Ray's tracebacks of it; for a submitted job too), and a finished run folder resumes only with the inputs it was started with, and not at all once every checkpoint
-it saved is damaged."""
+Ray's tracebacks of it; for a submitted job too), and a finished run folder resumes only with the inputs it was
+started with, and not at all once every checkpoint it saved is damaged."""
 
 from __future__ import annotations
 

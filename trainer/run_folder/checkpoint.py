@@ -434,7 +434,7 @@ def verified_names(storage: Storage) -> tuple[list[str], dict[str, str]]:
         why = _incomplete(storage, name)
         if why is None:
             complete.append(name)
-        elif why != NO_MARKER:
+        elif not _never_completed(why):
             damage[name] = why
     while complete and (problems := content_problems(storage, complete[-1])):
         damage[complete.pop()] = f"content differs from what was written ({problems[0]})"
@@ -471,6 +471,11 @@ def prune(storage: Storage, keep: int, newest: str) -> list[str]:
 
 
 NO_MARKER = f"no {MARKER}"  # a save that never completed: nothing was lost
+TORN_MARKER = f"{MARKER} cut short"  # the same: the marker is written last
+
+
+def _never_completed(why: str) -> bool:
+    return why == NO_MARKER or why.startswith(TORN_MARKER)
 
 
 def _incomplete(storage: Storage, name: str) -> str | None:
@@ -479,7 +484,9 @@ def _incomplete(storage: Storage, name: str) -> str | None:
         return NO_MARKER
     try:
         marker = json.loads(storage.read_text(name, MARKER))
-    except (OSError, ValueError) as e:
+    except ValueError as e:
+        return f"{TORN_MARKER} ({e})"
+    except OSError as e:
         return f"unreadable {MARKER} ({e})"
     if not isinstance(marker, dict):
         return f"{MARKER} holds a {type(marker).__name__}, not a marker"
@@ -494,7 +501,7 @@ def _incomplete(storage: Storage, name: str) -> str | None:
 def is_complete(storage: Storage, name: str) -> bool:
     """Marker present and readable, and every file it lists still there at its recorded size."""
     why = _incomplete(storage, name)
-    if why not in (None, NO_MARKER):
+    if why is not None and why != NO_MARKER:
         log.warning("checkpoint %s: %s", storage.path(name), why)
     return why is None
 
@@ -518,7 +525,7 @@ def check_resumable(storage: Storage) -> None:
     The content (sha256) is checked by the workers (resume_point), with the same refusal."""
     found = {n: _incomplete(storage, n) for n in names(storage)}
     if found and all(why is not None for why in found.values()):
-        damage = {n: why for n, why in found.items() if why != NO_MARKER}
+        damage = {n: why for n, why in found.items() if not _never_completed(why)}
         if damage:
             raise damaged(storage, damage)
 
@@ -564,7 +571,7 @@ def resume_point(storage: Storage, preferred: str | None = None) -> str | None:
         if why is not None:
             if rank == 0:
                 log.warning("skipping incomplete checkpoint %s (%s)", storage.path(name), why)
-            if why != NO_MARKER:
+            if not _never_completed(why):
                 damage[name] = why
             continue
         problems = [p for share in _gather(content_problems(storage, name, rank, world)) for p in share]
