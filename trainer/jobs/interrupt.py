@@ -70,9 +70,11 @@ def wait_for_workers(timeout_s: float = 30.0) -> None:
 
     deadline = time.monotonic() + timeout_s
     with contextlib.suppress(Exception):  # no state API (a cluster without its dashboard): name what is there
-        job = ray.get_runtime_context().get_job_id()
-        filters = [("job_id", "=", job), ("class_name", "=", "RayTrainWorker"), ("state", "!=", "DEAD")]
-        while list_actors(filters=filters, raise_on_missing_output=False) and time.monotonic() < deadline:
+        context = ray.get_runtime_context()
+        filters = [("job_id", "=", context.get_job_id()), ("class_name", "=", "RayTrainWorker"), ("state", "!=", "DEAD")]
+        # the connected cluster's address: without one the state API refuses when two clusters share the machine
+        while list_actors(address=context.gcs_address, filters=filters, raise_on_missing_output=False) and \
+                time.monotonic() < deadline:
             time.sleep(0.5)
 
 
