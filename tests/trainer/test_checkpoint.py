@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -244,25 +245,80 @@ def test_an_rng_file_holding_a_pickled_object_is_refused_without_running_it(proc
     assert "\n" not in message and not ran.exists()
 
 
-def test_rays_record_is_set_aside_when_it_names_a_torn_checkpoint_or_cannot_be_read(process_group, demo_assets,
-                                                                                     tmp_path):
+def test_a_run_whose_every_saved_checkpoint_is_damaged_is_refused_not_trained_again_from_step_0(
+        process_group, demo_assets, tmp_path):
+    """A resume that finds no intact checkpoint after saves completed would quietly start over (and Ray, still naming
+    them, then deletes the steps saved again): refused on the workers, before Ray (sizes), and by the record's repair.
+    A folder without a marker is a save that never completed: a run with only those starts from step 0."""
+    store = _saved_run(demo_assets, tmp_path, steps=(1, 2))
+    one, two = ckpt.dir_name(1), ckpt.dir_name(2)
+    shard = tmp_path / "run" / one / "__0_0.distcp"
+    shard.write_bytes(b"\0" * shard.stat().st_size)  # same size: only its sha256 tells
+    (tmp_path / "run" / two / "__0_0.distcp").write_bytes(b"")
+    ckpt.check_resumable(store)  # one of them is complete by its sizes: the workers hash it
+    with pytest.raises(ckpt.DamagedCheckpoints) as refused:
+        ckpt.resume_point(store)
+    message = str(refused.value)
+    assert message.startswith(f"{store.root}: every checkpoint this run saved is damaged ({one}: content differs "
+                              f"from what was written (__0_0.distcp: sha256 "), message
+    assert f"; {two}: files listed in {ckpt.MARKER} are gone or shorter: __0_0.distcp (0 of " in message
+    assert " bytes)), so resuming would train it again from step 0. Restore them from a copy; or delete those " \
+           "folders" in message
+    assert "\n" not in message and message.endswith("or start a new run (another --run-name)")
+    store.write_text("", ckpt.RAY_SNAPSHOT)
+    with pytest.raises(ckpt.DamagedCheckpoints, match=f"{one}: content differs"):
+        ckpt.repair_ray_record(store)
+    assert store.read_text(ckpt.RAY_SNAPSHOT) == ""  # refused before anything is set aside or written
+
+    shard.write_bytes(b"")
+    with pytest.raises(ckpt.DamagedCheckpoints, match=f"damaged \\({one}: files listed"):
+        ckpt.check_resumable(store)  # before Ray: every one is short
+    for name in (one, two):
+        store.delete_file(name, ckpt.MARKER)  # saves that never completed
+    ckpt.check_resumable(store)
+    assert ckpt.resume_point(store) is None
+
+
+def _rays_view(store: Storage):
+    """What Ray Train 2.58's own checkpoint manager reads from the run folder's record: (its checkpoints, latest)."""
+    from ray.train import CheckpointConfig
+    from ray.train.v2._internal.execution.checkpoint.checkpoint_manager import CheckpointManager
+    from ray.train.v2._internal.execution.storage import StorageContext
+
+    root = Path(store.root)
+    manager = CheckpointManager(CheckpointConfig(num_to_keep=2), StorageContext(str(root.parent), root.name))
+    named = [Path(r.checkpoint.path).name for r in manager._checkpoint_results]
+    return named, Path(manager.latest_checkpoint_result.checkpoint.path).name
+
+
+def test_rays_record_is_rebuilt_from_the_verified_checkpoints_when_it_names_a_torn_one_or_cannot_be_read(
+        process_group, demo_assets, tmp_path):
     """Ray resumes from, and later deletes, what its record names: a record naming a torn checkpoint would have Ray
-    delete the step the resumed run saves again under that name; an unreadable one fails every resume."""
-    store = _saved_run(demo_assets, tmp_path)
-    record = {"checkpoint_results": [{"checkpoint_dir_name": ckpt.dir_name(1)}, {"checkpoint_dir_name": ckpt.dir_name(2)}]}
+    delete the step the resumed run saves again under that name; an unreadable one fails every resume. Rebuilt,
+    Ray's own checkpoint manager reads it and names the complete checkpoints, the newest intact one the latest."""
+    store = _saved_run(demo_assets, tmp_path, steps=(1, 2, 3))
+    one, two, three = ckpt.dir_name(1), ckpt.dir_name(2), ckpt.dir_name(3)
+    record = {"checkpoint_results": [{"checkpoint_dir_name": n} for n in (one, two, three)]}
     store.write_text(json.dumps(record), ckpt.RAY_SNAPSHOT)
     assert ckpt.repair_ray_record(store) is None  # every checkpoint it names is complete: kept as it is
     assert json.loads(store.read_text(ckpt.RAY_SNAPSHOT)) == record
 
-    store.delete_file(ckpt.dir_name(2), ckpt.MARKER)  # the newest torn, as an upload cut short leaves it
+    store.delete_file(three, ckpt.MARKER)  # the newest torn, as an upload cut short leaves it
     note = ckpt.repair_ray_record(store)
-    assert f"names {ckpt.dir_name(2)}, which is not complete: set aside as {ckpt.RAY_SNAPSHOT}.set-aside-" in note
-    assert not store.exists(ckpt.RAY_SNAPSHOT)
-    (aside,) = [p for p in (tmp_path / "run").iterdir() if p.name.startswith(ckpt.RAY_SNAPSHOT)]
+    assert f"names {three}, which is not complete: set aside as {ckpt.RAY_SNAPSHOT}.set-aside-" in note
+    assert note.endswith(f"rebuilt from the verified checkpoint(s) {one}, {two}; the run resumes from {two}")
+    (aside,) = [p for p in (tmp_path / "run").iterdir() if p.name.startswith(f"{ckpt.RAY_SNAPSHOT}.")]
     assert json.loads(aside.read_text()) == record  # kept for whoever wants to look, never read by Ray again
-    assert ckpt.resume_point(store) == ckpt.dir_name(1)
+    assert _rays_view(store) == ([one, two], two)
+    assert ckpt.repair_ray_record(store) is None  # the rebuilt record is fine as it is
 
+    (tmp_path / "run" / two / "__0_0.distcp").write_bytes(b"\0" * (tmp_path / "run" / two / "__0_0.distcp").stat().st_size)
     store.write_text("", ckpt.RAY_SNAPSHOT)  # what a full disk leaves
-    assert "cannot be read (0 bytes, not JSON)" in ckpt.repair_ray_record(store)
-    assert not store.exists(ckpt.RAY_SNAPSHOT)
+    note = ckpt.repair_ray_record(store)
+    assert "cannot be read (0 bytes, not JSON)" in note and note.endswith(f"from the verified checkpoint(s) {one}; "
+                                                                          f"the run resumes from {one}")
+    assert _rays_view(store) == ([one], one)  # the newest complete one's content differs from what was written
+    assert ckpt.resume_point(store) == one
+
+    store.delete_file(ckpt.RAY_SNAPSHOT)
     assert ckpt.repair_ray_record(store) is None  # no record: nothing to do

@@ -124,8 +124,9 @@ def test_a_failed_job_resubmitted_under_its_run_name_resumes_past_a_torn_checkpo
     """A submitted run fails mid-way (an exception in the workers at step FAIL_AT, after two checkpoints; no
     retries). `submit --no-wait` printed the command that follows it: run as printed, it streams the job to its
     end and exits 1 with the tail of the error. Its newest checkpoint is then torn, as an upload cut short
-    leaves it. The same `submit` again resumes from the newest checkpoint that is still complete, never the
-    torn one that Ray's own record names, and ends with the weights of the uninterrupted run.
+    leaves it, and Ray's own record of the checkpoints with it, as a full disk leaves it. The same `submit`
+    again rebuilds that record and resumes from the newest checkpoint that is still complete, never the torn
+    one, and ends with the weights of the uninterrupted run.
 
     Both submissions name no --storage-path, as a user of a plain `ray start` cluster would: the run folder is
     the head's ~/trainer-runs/NAME (an absolute path Ray Train accepts; HOME is the test's folder here)."""
@@ -158,14 +159,22 @@ def test_a_failed_job_resubmitted_under_its_run_name_resumes_past_a_torn_checkpo
     torn, previous = ckpt.dir_name(2 * runs.EVERY), ckpt.dir_name(runs.EVERY)
     _tear(run, torn)
     assert ckpt.resume_point(Storage.from_uri(str(run))) == previous
+    snapshot = run / ckpt.RAY_SNAPSHOT  # Ray's own record torn too, as a full disk leaves it
+    assert torn in snapshot.read_text()
+    snapshot.write_bytes(snapshot.read_bytes()[:100])
 
     second = subprocess.run(submit, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert f"Run {name} was FAILED: resubmitting" in second.stdout, second.stdout
     assert "previous attempt's log is left out" in second.stdout
     assert "(start 0)" not in second.stdout, second.stdout  # the first attempt's log is not streamed as new
-    # Ray's own record still names the torn one: set aside (else Ray would delete the step saved again)
-    assert f"names {torn}, which is not complete: set aside" in second.stdout + second.stderr, second.stdout[-3000:]
+    # Ray's own record, torn, is rebuilt from the checkpoints that verify (naming the torn one, Ray would delete
+    # the step saved again) and Ray's controller reads it
+    rebuilt = (f"{ckpt.RAY_SNAPSHOT} cannot be read (100 bytes, not JSON): set aside as {ckpt.RAY_SNAPSHOT}.set-aside-",
+               f"and rebuilt from the verified checkpoint(s) {previous}; the run resumes from {previous}",
+               "A run snapshot was found in storage folder")
+    for needle in rebuilt:
+        assert needle in second.stdout + second.stderr, (needle, second.stdout[-3000:])
     assert _job_status(ray_cluster, name) == JobStatus.SUCCEEDED
 
     resumed = runs.events(run)[len(interrupted):]
@@ -173,6 +182,8 @@ def test_a_failed_job_resubmitted_under_its_run_name_resumes_past_a_torn_checkpo
     assert resumed[0]["step"] == runs.EVERY and resumed[0]["checkpoint"].endswith(previous), resumed[0]
     assert [e["event"] for e in resumed][-1] == "export"  # --fail-at-step fails a first attempt only
     assert ckpt.is_complete(Storage.from_uri(str(run)), ckpt.dir_name(runs.STEPS))
+    ray_named = [r["checkpoint_dir_name"] for r in json.loads(snapshot.read_text())["checkpoint_results"]]
+    assert ray_named == [ckpt.dir_name(runs.STEPS - runs.EVERY), ckpt.dir_name(runs.STEPS)]  # Ray's record, on
     runs.assert_same_training(run, reference)
 
 
@@ -252,6 +263,10 @@ def test_a_marker_is_trusted_only_while_every_file_it_lists_is_there(process_gro
     assert ckpt.resume_point(store, preferred=store.path(ckpt.dir_name(2))) == ckpt.dir_name(1)
     shard.unlink()
     assert ckpt.resume_point(store) == ckpt.dir_name(1)
-    # and a half-written marker (a crash while writing it on a local disk) is no marker
+    # and a half-written marker (a crash while writing it on a local disk) is no marker: step 1's save never
+    # completed, so step 2's is the only one and it is damaged (refused: not trained again from step 0 unasked)
     store.write_text('{"step": 1, "fi', ckpt.dir_name(1), ckpt.MARKER)
+    with pytest.raises(ckpt.DamagedCheckpoints, match=rf"damaged \({ckpt.dir_name(2)}: files listed [^;]*\), so"):
+        ckpt.resume_point(store)
+    store.write_text('{"step": 2, "fi', ckpt.dir_name(2), ckpt.MARKER)
     assert ckpt.resume_point(store) is None

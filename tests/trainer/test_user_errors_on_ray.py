@@ -1,6 +1,7 @@
 """On the session's real Ray cluster (8 CPUs): a run that can never be placed is refused within seconds, a
-user error on the workers ends the run at once whatever --max-failures says (exit 2, for a submitted job too),
-and a finished run folder resumes only with the inputs it was started with."""
+user error on the workers ends the run at once whatever --max-failures says (exit 2, one `error:` line without
+Ray's tracebacks of it; for a submitted job too), and a finished run folder resumes only with the inputs it was
+started with, and not at all once every checkpoint it saved is damaged."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import time
 from pathlib import Path
 
 from trainer.jobs import launch
+from trainer.run_folder import checkpoint as ckpt
+from trainer.storage import Storage
 
 from . import reference_runs as runs
 
@@ -44,7 +47,10 @@ def test_a_user_error_on_the_workers_ends_the_run_at_once_whatever_max_failures_
     proc, seconds = _cli("train", "--address", ray_cluster.address, *runs.cli_flags(cfg), env=ray_cluster.client_env())
     print(f"train --lr 1e30 --max-failures 2: exit {proc.returncode} after {seconds:.1f} s")
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert "error: step 2: the loss is" in proc.stderr, proc.stderr[-3000:]
+    # named once, by the driver: neither the worker's traceback nor the controller's quote of it
+    (line,) = [ln for ln in proc.stderr.splitlines() if "the loss is" in ln]
+    assert line.startswith("error: step 2: the loss is"), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "Error Snippet" not in proc.stderr, proc.stderr[-3000:]
     assert "attempt 1 failed" not in proc.stderr  # not retried
     events = [e["event"] for e in runs.events(tmp_path / "diverges")]
     assert events == ["start", "stopped"], events
@@ -82,3 +88,18 @@ def test_a_finished_run_pointed_at_new_data_or_settings_is_refused_listing_what_
     from trainer.config.load import parse
 
     assert launch.preflight(parse(runs.cli_flags(cfg) + ["--log-every", "1", "--max-failures", "5"]))["notes"] == []
+
+    # every checkpoint it saved damaged: refused before Ray, naming them, rather than trained again from step 0
+    saved = ckpt.names(Storage.from_uri(str(run)))
+    for name in saved:
+        shard = run / name / "__0_0.distcp"
+        shard.write_bytes(shard.read_bytes()[:100])
+    before = sorted((p.relative_to(run), p.stat().st_size) for p in run.rglob("*") if p.is_file())
+    proc, seconds = _cli("train", *base, env=ray_cluster.client_env())
+    print(f"finished run, every checkpoint damaged: exit {proc.returncode} after {seconds:.1f} s")
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
+    (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert line.startswith(f"error: {run}: every checkpoint this run saved is damaged ({saved[0]}: files listed in "), line
+    assert all(n in line for n in saved) and line.endswith("or start a new run (another --run-name)"), line
+    assert "Traceback" not in proc.stderr
+    assert sorted((p.relative_to(run), p.stat().st_size) for p in run.rglob("*") if p.is_file()) == before

@@ -137,7 +137,9 @@ def preflight(cfg: TrainConfig, storage_filesystem: Any = None, *, full_data: bo
                                        tokenizer=tokenizer_fingerprint(tokenizer),
                                        model=resume.model_identity(cfg.model, storage_fs=fs_for(cfg.model)),
                                        chat_template=template)
-        changed = resume.check(cfg, info["inputs"], Storage.from_uri(cfg.run_uri, fs=fs_for(cfg.run_uri)))
+        run_storage = Storage.from_uri(cfg.run_uri, fs=fs_for(cfg.run_uri))
+        changed = resume.check(cfg, info["inputs"], run_storage)
+        ckpt.check_resumable(run_storage)  # saved checkpoints, all damaged: never quietly trained again from 0
         info["notes"] += [f"{flag('resume_anyway')}: resuming {cfg.run_uri} although {d}" for d in changed]
     return info
 
@@ -272,6 +274,8 @@ def build_trainer(cfg: TrainConfig, storage_filesystem: Any = None, *, quiet: bo
     from ray.train import FailureConfig, LoggingConfig, RunConfig
     from ray.train.torch import TorchTrainer
 
+    from trainer.loop.user_errors import QuietUserErrors
+
     storage_path = cfg.storage_path
     if storage_filesystem is not None and "://" in storage_path:
         storage_path = storage_path.split("://", 1)[1]
@@ -292,6 +296,7 @@ def build_trainer(cfg: TrainConfig, storage_filesystem: Any = None, *, quiet: bo
             storage_path=storage_path,
             storage_filesystem=storage_filesystem,
             failure_config=FailureConfig(max_failures=0),
+            callbacks=[QuietUserErrors()],  # a worker's UserError: the driver's one line, not Ray's tracebacks
             checkpoint_config=checkpoint_config(cfg),
             worker_runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false", "TRAINER_QUIET_RAY": str(int(quiet))}},
             logging_config=LoggingConfig(log_level="WARNING" if quiet else "INFO"),

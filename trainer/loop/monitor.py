@@ -58,8 +58,7 @@ class Monitor:
             self.health.check()
         except TrainingDiverged as e:
             self.writer.event("stopped", step=step, error=str(e))
-            if self.rank0:
-                log.error("%s", e)
+            if self.rank0:  # the driver prints it (trainer.loop.user_errors)
                 self.upload()
             raise
 

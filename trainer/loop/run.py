@@ -192,6 +192,9 @@ def train_func(config: dict) -> None:
     """Ray Train entry point (one call per worker)."""
     import ray.train
 
+    from trainer.loop import user_errors
+
+    user_errors.on_worker()  # a UserError is named by the driver, once; Ray's log of it with a traceback is dropped
     log.setLevel(logging.INFO)  # Ray Train's root handlers forward it to the driver (print would be doubled)
     logging.getLogger("huggingface_hub").setLevel(logging.WARNING)
     if os.environ.get("TRAINER_QUIET_RAY") == "1":

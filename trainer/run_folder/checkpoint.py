@@ -58,6 +58,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
+from facts.errors import UserError
 from trainer.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -381,16 +382,38 @@ def _ray_tracked(storage: Storage) -> set[str] | None:
         return None
 
 
+def ray_record(names_: list[str]) -> bytes:
+    """Ray Train's checkpoint_manager_snapshot.json naming these checkpoints (oldest first; the newest is the latest).
+
+    What Ray 2.58's CheckpointManager._load_state reads (ray/train/v2/_internal/execution/checkpoint/
+    checkpoint_manager.py, _CheckpointManagerState): the same Ray version as the one running, each checkpoint's
+    folder name and metrics (here only its step: the logged metrics are in metrics.jsonl), one report index per
+    checkpoint, nothing pending validation."""
+    from importlib.metadata import version
+
+    results = [{"version": 0, "checkpoint_dir_name": n, "metrics": {"step": step_of(n), "checkpoint_step": step_of(n)}}
+               for n in names_]
+    return json.dumps({
+        "ray_version": version("ray"), "checkpoint_results": results,
+        "checkpoint_report_indices": list(range(len(results))),
+        "latest_checkpoint_result": results[-1] if results else None,
+        "pending_training_results": [], "pending_validation_specs": [], "current_report_index": len(results),
+        "validated_checkpoint_dir_names": [], "timed_out_validation_checkpoint_dir_names": [],
+        "failed_validation_checkpoint_dir_names": []}, indent=1).encode()
+
+
 def repair_ray_record(storage: Storage) -> str | None:
-    """Ray Train's checkpoint record set aside when it names a checkpoint that is not complete, or cannot be read.
+    """Ray Train's checkpoint record rebuilt from the complete checkpoints when it names one that is not complete,
+    or cannot be read; the old one is set aside.
 
     Ray resumes from the newest checkpoint its record names and deletes the paths of those it
     drops past --num-to-keep. When the newest is torn (an upload cut short), this trainer resumes
     from an older one and saves the same step again, under the same name: Ray, still tracking the
     torn one, would later delete the new folder as the old one's, then fail on the path it removed.
     An unreadable record (a full disk leaves it empty) fails every resume inside Ray's controller.
-    Without it Ray starts afresh, the trainer resumes from its newest complete checkpoint, and
-    `prune` deletes what Ray no longer tracks. Returns the line to log, None when the record is fine.
+    The rebuilt record names the complete checkpoints up to the newest that verifies (verified_names),
+    so Ray resumes from that one and keeps deleting old ones by its own rule. Returns the line to log,
+    None when the record is fine.
     """
     if not storage.exists(RAY_SNAPSHOT):
         return None
@@ -404,12 +427,34 @@ def repair_ray_record(storage: Storage) -> str | None:
         if not torn:
             return None
         why = f"names {', '.join(torn)}, which {'is' if len(torn) == 1 else 'are'} not complete"
+    complete, damage = verified_names(storage)
+    if not complete and damage:
+        raise damaged(storage, damage)
     stamp = f"{RAY_SNAPSHOT}.set-aside-{time.strftime('%Y%m%dT%H%M%S')}"
     aside = next(name for n in range(1000) if not storage.exists(name := f"{stamp}{f'-{n}' if n else ''}"))
     storage.write_bytes(text, aside)
-    storage.delete_file(RAY_SNAPSHOT)
-    return (f"Ray Train's checkpoint record {storage.path(RAY_SNAPSHOT)} {why}: set aside as {aside}; the run "
-            f"resumes from its newest complete checkpoint")
+    if not complete:
+        storage.delete_file(RAY_SNAPSHOT)
+        return (f"Ray Train's checkpoint record {storage.path(RAY_SNAPSHOT)} {why}: set aside as {aside}; no "
+                f"save completed, so the run starts from step 0")
+    storage.write_bytes(ray_record(complete), RAY_SNAPSHOT)
+    return (f"Ray Train's checkpoint record {storage.path(RAY_SNAPSHOT)} {why}: set aside as {aside} and rebuilt "
+            f"from the verified checkpoint(s) {', '.join(complete)}; the run resumes from {complete[-1]}")
+
+
+def verified_names(storage: Storage) -> tuple[list[str], dict[str, str]]:
+    """The complete checkpoints up to the newest whose content is what was written (the one a resume starts
+    from), oldest first, and the damaged ones (name -> why); one process hashes the newest until one verifies."""
+    complete, damage = [], {}
+    for name in names(storage):
+        why = _incomplete(storage, name)
+        if why is None:
+            complete.append(name)
+        elif not _never_completed(why):
+            damage[name] = why
+    while complete and (problems := content_problems(storage, complete[-1])):
+        damage[complete.pop()] = f"content differs from what was written ({problems[0]})"
+    return complete, dict(sorted(damage.items()))
 
 
 def eval_losses(storage: Storage) -> dict[str, float]:
@@ -461,29 +506,64 @@ def prune(storage: Storage, keep: int, newest: str, *, keep_best: bool = False) 
     return deleted
 
 
-def is_complete(storage: Storage, name: str) -> bool:
-    """Marker present and readable, and every file it lists still there at its recorded size."""
+NO_MARKER = f"no {MARKER}"  # a save that never completed: nothing was lost
+TORN_MARKER = f"{MARKER} cut short"  # the same: the marker is written last
+
+
+def _never_completed(why: str) -> bool:
+    return why == NO_MARKER or why.startswith(TORN_MARKER)
+
+
+def _incomplete(storage: Storage, name: str) -> str | None:
+    """Why the checkpoint cannot be resumed from without reading its content (NO_MARKER, ...), None if complete."""
     if not storage.exists(name, MARKER):
-        return False
+        return NO_MARKER
     try:
         marker = json.loads(storage.read_text(name, MARKER))
-    except (OSError, ValueError) as e:
-        log.warning("checkpoint %s: unreadable %s (%s)", storage.path(name), MARKER, e)
-        return False
+    except ValueError as e:
+        return f"{TORN_MARKER} ({e})"
+    except OSError as e:
+        return f"unreadable {MARKER} ({e})"
     if not isinstance(marker, dict):
-        return False
+        return f"{MARKER} holds a {type(marker).__name__}, not a marker"
     if marker.get("format", 1) not in READABLE_FORMATS:
-        log.warning("checkpoint %s: %s is of format %r; this trainer reads formats %s", storage.path(name), MARKER,
-                    marker.get("format"), ", ".join(map(str, READABLE_FORMATS)))
-        return False
+        return (f"{MARKER} is of format {marker.get('format')!r}; this trainer reads formats "
+                f"{', '.join(map(str, READABLE_FORMATS))}")
     listed = marker.get("files")
-    if listed:
-        missing = _missing(storage.file_sizes(name), listed)
-        if missing:
-            log.warning("checkpoint %s: files listed in %s are gone or shorter: %s",
-                        storage.path(name), MARKER, ", ".join(missing))
-            return False
-    return True
+    missing = _missing(storage.file_sizes(name), listed) if listed else []
+    return f"files listed in {MARKER} are gone or shorter: {', '.join(missing)}" if missing else None
+
+
+def is_complete(storage: Storage, name: str) -> bool:
+    """Marker present and readable, and every file it lists still there at its recorded size."""
+    why = _incomplete(storage, name)
+    if why is not None and why != NO_MARKER:
+        log.warning("checkpoint %s: %s", storage.path(name), why)
+    return why is None
+
+
+class DamagedCheckpoints(UserError):
+    """Every checkpoint whose save completed is damaged: resuming would quietly train the run again from step 0."""
+
+
+def damaged(storage: Storage, damage: dict[str, str]) -> DamagedCheckpoints:
+    """The refusal naming each damaged checkpoint (name -> why) and the ways on."""
+    listed = "; ".join(f"{n}: {why}" for n, why in damage.items())
+    return DamagedCheckpoints(
+        f"{storage.root}: every checkpoint this run saved is damaged ({listed}), so resuming would train it again "
+        f"from step 0. Restore them from a copy; or delete those folders to train it from step 0 in this run folder; "
+        f"or start a new run (another --run-name)")
+
+
+def check_resumable(storage: Storage) -> None:
+    """Before Ray (markers and sizes only): DamagedCheckpoints when checkpoints were saved and none is complete.
+
+    The content (sha256) is checked by the workers (resume_point), with the same refusal."""
+    found = {n: _incomplete(storage, n) for n in names(storage)}
+    if found and all(why is not None for why in found.values()):
+        damage = {n: why for n, why in found.items() if not _never_completed(why)}
+        if damage:
+            raise damaged(storage, damage)
 
 
 def _sha256(storage: Storage, *parts: str) -> str:
@@ -517,23 +597,31 @@ def resume_point(storage: Storage, preferred: str | None = None) -> str | None:
     """Collective: the newest complete checkpoint whose content is what was written.
 
     Every rank hashes its share of each candidate's files; a checkpoint with any mismatch
-    is skipped with a log line, and the previous complete one is tried.
+    is skipped with a log line, and the previous complete one is tried. None when no save ever
+    completed; DamagedCheckpoints (on every rank alike) when saves completed and none is intact.
     """
     rank, world = _rank(), _world()
+    damage: dict[str, str] = {}
     for name in reversed(names(storage)):
-        if not is_complete(storage, name):
+        why = _incomplete(storage, name)
+        if why is not None:
             if rank == 0:
-                log.warning("skipping incomplete checkpoint %s (no valid %s)", storage.path(name), MARKER)
+                log.warning("skipping incomplete checkpoint %s (%s)", storage.path(name), why)
+            if not _never_completed(why):
+                damage[name] = why
             continue
         problems = [p for share in _gather(content_problems(storage, name, rank, world)) for p in share]
         if problems:
             if rank == 0:
                 log.warning("checkpoint %s: content differs from what was written (%s); resuming from the "
                             "previous complete checkpoint instead", storage.path(name), "; ".join(problems[:3]))
+            damage[name] = f"content differs from what was written ({problems[0]})"
             continue
         if rank == 0 and preferred and preferred.rstrip("/").rsplit("/", 1)[-1] != name:
             log.info("resuming from %s rather than Ray's latest reported checkpoint %s", name, preferred)
         return name
+    if damage:
+        raise damaged(storage, dict(reversed(damage.items())))
     return None
 
 
