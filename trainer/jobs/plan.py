@@ -304,3 +304,35 @@ def run_refusal(cfg: Any, config: Any) -> tuple[str | None, dict[str, Any] | Non
         log.warning("no memory plan for this model (%s: %s); the GPU probe measures it at the start", type(e).__name__, e)
         return None, None
     return refusal(plan, cfg.method), plan
+
+
+def run_prediction(cfg: Any, config: Any, plan: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """What the plan predicts for this run's own method and sharding, for run.json beside the measured peak.
+
+    With the pre-flight's plan (a GPU run of a known instance type): its entry for --method, as the
+    refusal judged it. Otherwise the footprint of the run as configured: every worker in one shard group
+    (or --shard-size), micro-batch 1 with auto, activation checkpointing as set (auto may still turn it on).
+    """
+    if plan is not None:
+        e = next(e for e in plan["methods"] if e["method"] == cfg.method)
+        acts = e["activations_checkpointed_gib" if e["activation_checkpointing"] else "activations_gib"]
+        return {"method": cfg.method, "sharding": e["sharding"], "gpus": plan["gpus"],
+                "instance_type": plan["instance_type"], "activation_checkpointing": e["activation_checkpointing"],
+                "params_gib": e["params_gib"], "grads_gib": e["grads_gib"], "optimizer_gib": e["optimizer_gib"],
+                "activations_gib": acts, "buffers_gib": e["transient_gib"], "gib_per_gpu": e["gib_per_gpu"],
+                "fits": e["fits"], "budget_gib": e["budget_gib"], "source": "pre-flight plan"}
+    ranks = cfg.shard_size or cfg.num_workers
+    try:
+        f = fp.footprint(fp.census(config), cfg.method, ranks, seq_len=cfg.seq_len,
+                         micro_batch=1 if cfg.micro_batch_auto else int(cfg.micro_batch_size),
+                         activation_checkpointing=bool(cfg.activation_checkpointing), lora_rank=cfg.lora_rank,
+                         targets=cfg.lora_targets)
+    except Exception as e:  # noqa: BLE001 - a shape the arithmetic cannot read: run.json holds the measured peak alone
+        log.warning("no memory plan for run.json (%s: %s)", type(e).__name__, e)
+        return None
+    return {"method": cfg.method, "sharding": "full" if ranks == cfg.num_workers else "hybrid", "gpus": cfg.num_workers,
+            "instance_type": cfg.instance_type, "activation_checkpointing": f.activation_checkpointing,
+            "params_gib": round(f.params_bytes / GIB, 3), "grads_gib": round(f.grads_bytes / GIB, 3),
+            "optimizer_gib": round(f.optimizer_bytes / GIB, 3), "activations_gib": round(f.activations_bytes / GIB, 3),
+            "buffers_gib": round(f.transient_bytes / GIB, 3), "gib_per_gpu": round(f.peak_bytes / GIB, 3),
+            "fits": None, "budget_gib": None, "source": "footprint of the configured run"}
