@@ -251,6 +251,14 @@ def scaling_config(cfg: TrainConfig):
                          label_selector=ray_facts.pool_labels(cfg.pool) if cfg.pool else None)
 
 
+def process_group_backend(cfg: TrainConfig) -> str | None:
+    """torch.distributed's backend for Ray Train's TorchConfig; None: Ray's default (nccl on GPU, gloo on CPU).
+
+    With --offload cpu the gradients are sharded DTensors on the host, whose norm (gradient clipping) is
+    all-reduced over the mesh: the host tensors need gloo beside NCCL (torchtune #2108, pytorch #148532)."""
+    return "cpu:gloo,cuda:nccl" if cfg.offload == "cpu" else None
+
+
 def checkpoint_config(cfg: TrainConfig):
     """Ray's retention: the newest --num-to-keep, or with --keep-best the best by eval loss (Ray keeps the latest
     too, to resume from)."""
@@ -272,7 +280,7 @@ def build_trainer(cfg: TrainConfig, storage_filesystem: Any = None, *, quiet: bo
     budget (FailureConfig.max_preemption_failures, unlimited by default).
     """
     from ray.train import FailureConfig, LoggingConfig, RunConfig
-    from ray.train.torch import TorchTrainer
+    from ray.train.torch import TorchConfig, TorchTrainer
 
     storage_path = cfg.storage_path
     if storage_filesystem is not None and "://" in storage_path:
@@ -290,6 +298,7 @@ def build_trainer(cfg: TrainConfig, storage_filesystem: Any = None, *, quiet: bo
     return TorchTrainer(
         train_func,
         train_loop_config=loop_config,
+        torch_config=TorchConfig(backend=process_group_backend(cfg)),
         scaling_config=scaling_config(cfg),
         run_config=RunConfig(
             name=cfg.resolved_run_name,

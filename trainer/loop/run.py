@@ -76,7 +76,7 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *, latest_checkpoint
     model = build_model(model_path, device=env.device, use_gpu=cfg.use_gpu, mesh=env.mesh,
                         attn_implementation=cfg.attn_implementation,
                         activation_checkpointing=cfg.activation_checkpointing, seed=cfg.seed, random_init=cfg.random_init,
-                        lora=cfg.lora, qlora=cfg.method == "qlora")
+                        lora=cfg.lora, qlora=cfg.method == "qlora", offload=cfg.offload == "cpu")
     check_loss_path(model, resolve_loss(DEFAULT_LOSS, env.device), env.device,  # before the memory probe measures it
                     collectives=env.collectives)
     optimizer, scheduler = optim.for_run(model, cfg, steps)
