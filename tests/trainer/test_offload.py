@@ -148,3 +148,8 @@ def test_plan_offload_cpu_prints_the_host_memory(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["offload"] == "cpu" and [e["method"] for e in out["methods"]] == ["full", "lora"]
     assert out["methods"][0]["fits"] and out["methods"][0]["host_fits"]
+    assert trainer(["plan", "--model-shape", "qwen2.5-14b", "--instance-type", "g6.12xlarge", "--nodes", "2",
+                    "--offload", "cpu"]) == 0
+    table = capsys.readouterr().out
+    assert "host GiB per node (usable) |" in table and f"| {out['methods'][0]['host_gib_per_node']:.2f} (128.80) |" \
+        in table and "the worker pod's 161 GiB, 80% usable" in table

@@ -209,12 +209,16 @@ def markdown(plan: dict[str, Any]) -> str:
     rows = ["| method | fits | GiB per GPU (usable) | sharding | act. ckpt | params / grads / optimizer GiB | "
             "activations GiB (no ckpt / ckpt) | step s | tokens/s | $ per M tokens |",
             "|---|---|---|---|---|---|---|---|---|---|"]
+    host = plan.get("offload") == "cpu"
+    if host:  # --offload cpu: where the states went
+        rows = [rows[0] + " host GiB per node (usable) |", rows[1] + "---|"]
     for e in plan["methods"]:
         rows.append(f"| {e['method']} | {'yes' if e['fits'] else '**no**'} | {e['gib_per_gpu']:.2f} "
                     f"({e['budget_gib']:.2f}) | {e['sharding']} | {'on' if e['activation_checkpointing'] else 'off'} | "
                     f"{e['params_gib']:.2f} / {e['grads_gib']:.2f} / {e['optimizer_gib']:.2f} | "
                     f"{e['activations_gib']:.2f} / {e['activations_checkpointed_gib']:.2f} | {e['step_seconds']:.2f} | "
-                    f"{e['tokens_per_s']:,} | {e['usd_per_million_tokens']:.2f} |")
+                    f"{e['tokens_per_s']:,} | {e['usd_per_million_tokens']:.2f} |"
+                    + (f" {e['host_gib_per_node']:.2f} ({e['host_budget_gib']:.2f}) |" if host else ""))
     return "\n".join(rows)
 
 
@@ -223,7 +227,10 @@ def headline(plan: dict[str, Any]) -> str:
             f"{plan['instance_type']} ({plan['gpus']} x {plan['gpu']}, {plan['gpu_memory_gib']:.2f} GiB each, "
             f"{plan['budget_fraction']:.0%} usable), --seq-len {plan['seq_len']}, micro-batch {plan['micro_batch']}, "
             f"global batch {plan['global_batch']}; step time at {plan['assumed_mfu']:.0%} MFU or the communication "
-            f"estimate, whichever is longer; ${plan['price_per_hour']:.2f}/h")
+            f"estimate, whichever is longer; ${plan['price_per_hour']:.2f}/h"
+            + (f"; --offload cpu: parameters, gradients and optimizer states in host memory (the worker pod's "
+               f"{plan['worker_pod_memory_gib']} GiB, {HOST_BUDGET:.0%} usable; the host-device copies and the CPU "
+               f"optimizer step are not in the step time)" if plan.get("offload") == "cpu" else ""))
 
 
 def refusal(plan: dict[str, Any], method: str) -> str | None:
