@@ -19,6 +19,21 @@ EFA_PREALLOCATED_HUGEPAGES = 5128
 EFA_HUGEPAGES_REQUEST = "5120Mi"
 EFA_PREALLOCATED_HUGEPAGES_GIB = math.ceil(EFA_PREALLOCATED_HUGEPAGES * 2 / 1024)
 
+# Left on a worker node for the OS, kubelet, eviction threshold and the daemon sets (VPC CNI, kube-proxy, both
+# device plugins on GPU nodes): 10 %, at least 2 cores and 8 GiB.
+NODE_RESERVE_FRACTION = 0.1
+NODE_RESERVE_MIN_CPU = 2
+NODE_RESERVE_MIN_MEMORY_GIB = 8
+
+
+def worker_memory_gib(instance: Any, *, efa: bool = True) -> int:
+    """The memory request and limit of the Ray worker pod on one node of `instance` (workloads.raycluster's worker
+    group; the memory plan's host check for --offload cpu): the node less the reserve and, on nodes with EFA,
+    the pre-allocated huge pages."""
+    reserve = max(NODE_RESERVE_MIN_MEMORY_GIB, math.ceil(instance.memory_gib * NODE_RESERVE_FRACTION))
+    hugepages = EFA_PREALLOCATED_HUGEPAGES_GIB if efa and instance.efa_interfaces else 0
+    return instance.memory_gib - reserve - hugepages
+
 
 def extended(instance: Any, *, efa: bool = True) -> dict[str, str]:
     """GPUs, EFA devices and EFA huge pages of one node of `instance` (a facts.catalog row); none on a CPU type.

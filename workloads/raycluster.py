@@ -34,10 +34,10 @@ RAY_TMP_VOLUME = "ray-tmp"
 NCCL_LOG_VOLUME = "nccl-logs"
 
 # Left on a worker node for the OS, kubelet, eviction threshold and the daemon sets (VPC CNI,
-# kube-proxy, both device plugins on GPU nodes): 10 %, at least 2 cores and 8 GiB.
-NODE_RESERVE_FRACTION = 0.1
-NODE_RESERVE_MIN_CPU = 2
-NODE_RESERVE_MIN_MEMORY_GIB = 8
+# kube-proxy, both device plugins on GPU nodes): 10 %, at least 2 cores and 8 GiB (facts.resources: the
+# trainer's memory plan reads the same worker pod memory).
+NODE_RESERVE_FRACTION = resources.NODE_RESERVE_FRACTION
+NODE_RESERVE_MIN_CPU = resources.NODE_RESERVE_MIN_CPU
 
 # scaleToZero: the KubeRay autoscaler runs as a sidecar of the head, on the system node; requests
 # equal limits keep the head pod Guaranteed, and it fits beside the head on the smallest system type.
@@ -94,9 +94,7 @@ def head_size(system: CpuInstanceType) -> PodSize:
 def worker_size(instance: InstanceType, *, efa: bool = True) -> PodSize:
     """The node minus the reserve and, on nodes with EFA, the pre-allocated huge pages."""
     cpu_reserve = max(NODE_RESERVE_MIN_CPU, math.ceil(instance.vcpus * NODE_RESERVE_FRACTION))
-    memory_reserve = max(NODE_RESERVE_MIN_MEMORY_GIB, math.ceil(instance.memory_gib * NODE_RESERVE_FRACTION))
-    hugepages = resources.EFA_PREALLOCATED_HUGEPAGES_GIB if efa and instance.efa else 0
-    return PodSize(cpu=instance.vcpus - cpu_reserve, memory_gib=instance.memory_gib - memory_reserve - hugepages)
+    return PodSize(cpu=instance.vcpus - cpu_reserve, memory_gib=resources.worker_memory_gib(instance, efa=efa))
 
 
 def worker_resources(instance: InstanceType, *, efa: bool = True) -> dict[str, str]:

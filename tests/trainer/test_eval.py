@@ -18,6 +18,8 @@ from trainer.loop.parallel import setup_parallel
 from trainer.loop.run import run
 from trainer.storage import Storage
 
+GIB = 2 ** 30
+
 
 def reference_loss(model_dir, packed) -> float:
     import torch
@@ -40,13 +42,24 @@ def reference_loss(model_dir, packed) -> float:
 
 def test_the_eval_loss_of_held_out_data_is_logged_at_the_start_and_every_n_steps(process_group, demo_assets,
                                                                                  tmp_path):
-    """Trained on the small held-out file itself (14 packed rows: 3 steps an epoch), so epochs end within 6 steps."""
+    """Trained on the small held-out file itself (14 packed rows: 3 steps an epoch), so epochs end within 6 steps.
+
+    The run also keeps the pre-flight's memory plan in run.json, handed to the worker as the driver hands it
+    (build_trainer's train_loop_config), beside the peak measured at its logging steps."""
+    from transformers import AutoConfig
+
+    from trainer.jobs.launch import build_trainer, preflight
+    from trainer.jobs.plan import run_prediction
+    from trainer.loop.run import MEMORY_PLAN_KEY
+    from trainer.model import footprint as fp
+
     cfg = TrainConfig(model=str(demo_assets["model"]), dataset=str(demo_assets["heldout"]), seq_len=128,
                       global_batch_size=4, micro_batch_size=2, num_workers=1, steps=6, log_every=6,
                       eval_every=4, eval_each_epoch=True, eval_on_start=True, checkpoint_each_epoch=True,
                       eval_dataset=str(demo_assets["heldout"]), eval_batch_size=3, export=False, progress=False,
                       report_to="tensorboard", storage_path=str(tmp_path), run_name="ev", cache_dir=str(tmp_path / "c"))
-    run(cfg, setup_parallel(cfg, 0, 1, 0), Storage.from_uri(cfg.run_uri))
+    handed = build_trainer(cfg, memory_plan=preflight(cfg)["memory_plan"]).train_loop_config[MEMORY_PLAN_KEY]
+    run(cfg, setup_parallel(cfg, 0, 1, 0), Storage.from_uri(cfg.run_uri), memory_plan=handed)
 
     lines = [json.loads(line) for line in (tmp_path / "ev" / "metrics.jsonl").read_text().splitlines()]
     evals = [(m["step"], "loss" in m) for m in lines if "eval_loss" in m]
@@ -65,6 +78,17 @@ def test_the_eval_loss_of_held_out_data_is_logged_at_the_start_and_every_n_steps
     record = json.loads((tmp_path / "ev" / "run.json").read_text())
     assert [r["step"] for r in record["eval"]["history"]] == [0, 3, 4, 6]
     assert record["eval"]["best"]["eval_loss"] == min(r["eval_loss"] for r in record["eval"]["history"])
+    model_config = AutoConfig.from_pretrained(str(demo_assets["model"]))
+    memory = record["memory"]
+    assert memory["plan"] == run_prediction(cfg, model_config)
+    written = fp.footprint(fp.census(model_config), "full", 1, seq_len=128, micro_batch=2)  # the run as configured
+    assert (memory["plan"]["params_gib"], memory["plan"]["gib_per_gpu"], memory["plan"]["activation_checkpointing"]) \
+        == (round(written.params_bytes / GIB, 3), round(written.peak_bytes / GIB, 3), False)
+    peaks = {m["step"]: m["peak_mem_gb"] for m in lines if "peak_mem_gb" in m}
+    assert sorted(peaks) == [3, 4, 6] and memory["measured"]["peak_gib"] == max(peaks.values()) > 0
+    assert memory["measured"]["step"] == min(s for s, v in peaks.items() if v == max(peaks.values()))
+    assert memory["measured"]["kind"] == "host_max_rss_process"  # on CPU; cuda_max_allocated on a GPU
+    assert memory["measured_over_plan"] == round(memory["measured"]["peak_gib"] / memory["plan"]["gib_per_gpu"], 3)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     board = EventAccumulator(str(tmp_path / "ev" / "tensorboard")).Reload()

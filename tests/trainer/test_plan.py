@@ -208,6 +208,27 @@ def test_a_fixed_micro_batch_without_checkpointing_is_told_to_turn_it_on():
     assert plan.run_refusal(TrainConfig(model="m", dataset="d"), plan.shape_config("llama-3.1-8b")) == (None, None)
 
 
+
+def test_run_json_gets_the_pre_flight_plan_of_the_run_s_own_method_and_sharding():
+    """A GPU run of a known instance type: the entry the refusal judged (on 8 x L4 the 8B full fine-tune needs
+    activation checkpointing and full sharding), the activations of the checkpointing it assumed."""
+    from trainer.config.flags import TrainConfig
+
+    for method, sharding, ckpt in (("full", "full", True), ("qlora", "hybrid", False)):
+        cfg = TrainConfig(model="m", dataset="d", device="gpu", num_workers=8, instance_type="g6.12xlarge",
+                          global_batch_size=64, method=method)
+        config = plan.shape_config("llama-3.1-8b")
+        why, made = plan.run_refusal(cfg, config)
+        entry = next(e for e in made["methods"] if e["method"] == method)
+        got = plan.run_prediction(cfg, config, made)
+        assert why is None and (got["sharding"], got["activation_checkpointing"]) == (sharding, ckpt)
+        assert {k: got[k] for k in ("params_gib", "grads_gib", "optimizer_gib", "gib_per_gpu", "fits")} == \
+            {k: entry[k] for k in ("params_gib", "grads_gib", "optimizer_gib", "gib_per_gpu", "fits")}
+        assert got["activations_gib"] == entry["activations_checkpointed_gib" if ckpt else "activations_gib"]
+        assert got["gib_per_gpu"] == pytest.approx(got["params_gib"] + got["grads_gib"] + got["optimizer_gib"]
+                                                   + got["activations_gib"] + got["buffers_gib"], abs=0.02)
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--model-shape", "llama-3.1-8b", "--instance-type", "g9.huge", "--nodes", "2"], "not in the instance catalog"),
     (["--model-shape", "llama-3.1-8b", "--instance-type", "g6.12xlarge", "--nodes", "0"], "--nodes 0: must be at least 1"),

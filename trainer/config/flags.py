@@ -308,6 +308,10 @@ class TrainConfig:
                                                     "layers that get adapters, e.g. q_proj,v_proj (--method lora, qlora)",
                                               trl=("lora_target_modules",),
                                               shown_default="every linear layer of the decoder layers (all-linear)")
+    offload: str = setting("none", "FSDP2 CPU offload: cpu keeps the sharded parameters, gradients and AdamW states in "
+                                   "host memory (pinned) and runs the optimizer step on the CPU, for a full fine-tune "
+                                   "beyond GPU memory; the plan checks the worker pod's memory (--device gpu)",
+                           choices=("none", "cpu"), result=False)
     random_init: bool = setting(False, "train from the config's random initialisation instead of the model's "
                                        "weights (a model without weight files is an error otherwise)")
     resume_anyway: bool = setting(False, "continue a run whose folder holds a run started with other settings, "
@@ -528,6 +532,10 @@ def _method_rules(cfg: TrainConfig, add: Callable[[str, str], None]) -> None:
                  if getattr(cfg, name) != declared_default(next(f for f in fields(cfg) if f.name == name))]
         for name in given:
             add(name, "applies to --method lora and qlora; pass --method lora or drop it")
+    if cfg.offload == "cpu" and cfg.method == "qlora":
+        add("offload", "--method qlora keeps its base as torchao NF4 tensors on the GPU, which FSDP2's CPU offload "
+                       "cannot move to host memory; use --method qlora without --offload, or --method lora (or full) "
+                       "with --offload cpu")
     if cfg.method == "qlora" and cfg.random_init:
         add("random_init", "--method qlora quantizes a trained base model's weights; drop --random-init, or use "
                            "--method full or lora")
@@ -538,6 +546,9 @@ def _across(cfg: TrainConfig, bad: set[str], add: Callable[[str, str], None], pr
     if cfg.steps is not None and cfg.epochs is not None:
         problems.append(f"{flag('steps')} = {cfg.steps} and {flag('epochs')} = {cfg.epochs}: give one of them, "
                         f"not both")
+    if cfg.offload == "cpu" and not cfg.use_gpu:
+        add("offload", "moves GPU memory to host memory, and a --device cpu run keeps everything in host memory "
+                       "already (FSDP2's CPU offload is a no-op there); drop --offload, or use --device gpu")
     if cfg.attn_implementation == "flex_attention" and not cfg.use_gpu:
         add("attn_implementation", "FlexAttention has no backward pass on CPU; use sdpa with --device cpu (it masks "
                                    "packed documents too)")

@@ -30,10 +30,10 @@ from trainer.jobs.cluster import (
     memory_limit_bytes,
 )
 from trainer.jobs.failures import failure_summary, retryable, user_error
-from trainer.jobs.plan import run_refusal
+from trainer.jobs.plan import run_prediction, run_refusal
 from trainer.loop.behaviour import measure
 from trainer.loop.metrics import credential_problems, missing_backends
-from trainer.loop.run import CHAT_TEMPLATE_KEY, ONE_PER_ROW_KEY, train_func
+from trainer.loop.run import CHAT_TEMPLATE_KEY, MEMORY_PLAN_KEY, ONE_PER_ROW_KEY, train_func
 from trainer.model import adapters, quantize
 from trainer.model.build import check_architecture, check_checkpoint
 from trainer.model.errors import ModelSourceError
@@ -183,6 +183,7 @@ def _check_model(cfg: TrainConfig, fs_for: Callable[[str], Any], info: dict, pro
             except ValueError as e:
                 problems.append(f"{flag('method')} qlora: {e}")
         too_big, info["plan"] = run_refusal(cfg, mcfg)  # GPU memory per worker, before any GPU is paid for
+        info["memory_plan"] = run_prediction(cfg, mcfg, info["plan"])  # into run.json, beside the measured peak
         if too_big:
             problems.append(f"{flag('model')} {cfg.model}: {too_big}")
         info["weights"] = check_weights(cfg.model, storage_fs=fs_for(cfg.model), random_init=cfg.random_init,
@@ -252,6 +253,14 @@ def scaling_config(cfg: TrainConfig):
                          label_selector=ray_facts.pool_labels(cfg.pool) if cfg.pool else None)
 
 
+def process_group_backend(cfg: TrainConfig) -> str | None:
+    """torch.distributed's backend for Ray Train's TorchConfig; None: Ray's default (nccl on GPU, gloo on CPU).
+
+    With --offload cpu the gradients are sharded DTensors on the host, whose norm (gradient clipping) is
+    all-reduced over the mesh: the host tensors need gloo beside NCCL (torchtune #2108, pytorch #148532)."""
+    return "cpu:gloo,cuda:nccl" if cfg.offload == "cpu" else None
+
+
 def checkpoint_config(cfg: TrainConfig):
     """Ray's retention: the newest --num-to-keep, or with --keep-best the best by eval loss (Ray keeps the latest
     too, to resume from)."""
@@ -264,15 +273,16 @@ def checkpoint_config(cfg: TrainConfig):
 
 
 def build_trainer(cfg: TrainConfig, storage_filesystem: Any = None, *, quiet: bool = False,
-                  inputs: dict | None = None, one_per_row: str | None = None):
-    """TorchTrainer running trainer.loop.run.train_func; `quiet` hides Ray Train's own INFO logs; `inputs` and
-    `one_per_row` (the pre-flight's packing verdict) travel to the workers, which then need not measure again.
+                  inputs: dict | None = None, one_per_row: str | None = None, memory_plan: dict | None = None):
+    """TorchTrainer running trainer.loop.run.train_func; `quiet` hides Ray Train's own INFO logs; `inputs`,
+    `one_per_row` (the pre-flight's packing verdict) and `memory_plan` (its prediction for run.json) travel to
+    the workers, which then need not measure again.
 
     Ray retries nothing itself (max_failures 0; train() decides); preemptions keep Ray's own
     budget (FailureConfig.max_preemption_failures, unlimited by default).
     """
     from ray.train import FailureConfig, LoggingConfig, RunConfig
-    from ray.train.torch import TorchTrainer
+    from ray.train.torch import TorchConfig, TorchTrainer
 
     from trainer.loop.user_errors import QuietUserErrors
 
@@ -287,9 +297,12 @@ def build_trainer(cfg: TrainConfig, storage_filesystem: Any = None, *, quiet: bo
         loop_config[resume.INPUTS_KEY] = inputs
     if one_per_row is not None:
         loop_config[ONE_PER_ROW_KEY] = one_per_row
+    if memory_plan is not None:
+        loop_config[MEMORY_PLAN_KEY] = memory_plan
     return TorchTrainer(
         train_func,
         train_loop_config=loop_config,
+        torch_config=TorchConfig(backend=process_group_backend(cfg)),
         scaling_config=scaling_config(cfg),
         run_config=RunConfig(
             name=cfg.resolved_run_name,
@@ -305,7 +318,7 @@ def build_trainer(cfg: TrainConfig, storage_filesystem: Any = None, *, quiet: bo
 
 
 def train(cfg: TrainConfig, storage_filesystem: Any = None, *, check: bool = True, quiet: bool = False,
-          inputs: dict | None = None):
+          inputs: dict | None = None, memory_plan: dict | None = None):
     """Pre-flight and the cluster's size, then fit on the connected Ray cluster; returns Ray's Result.
 
     Ray Train retries every worker failure alike (its failure policy is not pluggable), a bad
@@ -320,17 +333,19 @@ def train(cfg: TrainConfig, storage_filesystem: Any = None, *, check: bool = Tru
         found = preflight(cfg, storage_filesystem)
         inputs = found["inputs"]
         one_per_row = found["behaviour"].one_per_row if found.get("behaviour") is not None else None
+        memory_plan = found.get("memory_plan")
     check_capacity(cfg.num_workers, cfg.use_gpu, cfg.pool)
     run = Storage.from_uri(cfg.run_uri, fs=storage_filesystem)
     with run_lock.held(run, cfg.resolved_run_name):  # one run at a time trains into a run folder
-        result = _fit_with_retries(cfg, run, storage_filesystem, quiet=quiet, inputs=inputs, one_per_row=one_per_row)
+        result = _fit_with_retries(cfg, run, storage_filesystem, quiet=quiet, inputs=inputs, one_per_row=one_per_row,
+                                   memory_plan=memory_plan)
     if cfg.push_to_hub and result.error is None:  # as transformers' Trainer.push_to_hub at the end of training
         print(f"pushed {run.path(EXPORT_DIR)} to the Hugging Face Hub: {publish.push(run, cfg)}", flush=True)
     return result
 
 
 def _fit_with_retries(cfg: TrainConfig, run: Storage, storage_filesystem: Any, *, quiet: bool, inputs: dict | None,
-                      one_per_row: str | None):
+                      one_per_row: str | None, memory_plan: dict | None = None):
     failures = 0
     while True:
         note = ckpt.repair_ray_record(run)  # every attempt: Ray's controller reads the record at its start
@@ -338,7 +353,8 @@ def _fit_with_retries(cfg: TrainConfig, run: Storage, storage_filesystem: Any, *
             print(f"note: {note}", file=sys.stderr, flush=True)
         try:
             with interrupt.stopped_by_signal(run) as stop:  # SIGINT, SIGTERM: exit 130 naming the checkpoint
-                trainer = build_trainer(cfg, storage_filesystem, quiet=quiet, inputs=inputs, one_per_row=one_per_row)
+                trainer = build_trainer(cfg, storage_filesystem, quiet=quiet, inputs=inputs, one_per_row=one_per_row,
+                                        memory_plan=memory_plan)
                 return stop.attach(trainer).fit()
         except Exception as e:
             found = user_error(e)
@@ -418,7 +434,7 @@ def main(argv: Sequence[str]) -> int:
     if on_node:  # the head's own folder, chosen for a single-node cluster: it must still be one
         check_single_node(cfg.storage_path)
     try:
-        train(cfg, check=False, inputs=info["inputs"])
+        train(cfg, check=False, inputs=info["inputs"], memory_plan=info.get("memory_plan"))
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001 - fit() raises the workers' error once the retries are spent

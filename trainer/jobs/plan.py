@@ -7,7 +7,9 @@ price) in; per method the bytes on the fullest GPU (trainer.model.footprint), wh
 BUDGET of its memory, the sharding `--sharding auto` would choose (trainer.loop.parallel, the
 workers' own rule), and the step time: the larger of the compute at ASSUMED_MFU of the catalog's
 peak and the communication estimate at line rate (FSDP2 overlaps the two), hence tokens/s and the
-price per million trained tokens.
+price per million trained tokens. With --offload cpu (FSDP2's CPUOffloadPolicy) the states are host memory:
+a node's ranks together must fit HOST_BUDGET of the Ray worker pod's memory limit
+(facts.resources.worker_memory_gib, what workloads.raycluster gives the worker group).
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ from typing import Any, Sequence
 
 from facts.catalog import GPU_TYPES
 from facts.errors import EXIT_OK, UserError
+from facts.resources import worker_memory_gib
 from trainer.loop.parallel import comm_estimate, instance_network, plan_sharding
 from trainer.model import footprint as fp
 from trainer.model.flops import model_shape
 
 BUDGET = fp.BUDGET   # of a GPU's memory: what the micro-batch probe allows itself too (trainer.loop.memory)
+HOST_BUDGET = fp.HOST_BUDGET  # of the worker pod's memory limit for offloaded states
 ASSUMED_MFU = 0.4    # of the catalog's dense bf16 peak; the H200 measured 46-58 % for the full fine-tune
 GIB = fp.GIB
 log = logging.getLogger("trainer")
@@ -84,6 +88,15 @@ class Target:
     def budget_bytes(self) -> float:
         return fp.budget_bytes(self.row.gpu_memory_mib)
 
+    @property
+    def host_budget_bytes(self) -> float:
+        """What offloaded states may fill of one node's worker pod (its memory limit, facts.resources)."""
+        return fp.host_budget_bytes(worker_memory_gib(self.row))
+
+    @property
+    def ranks_per_node(self) -> int:
+        return min(self.gpus, self.row.gpus)
+
     def check(self) -> None:
         if self.instance_type not in GPU_TYPES:
             raise PlanError(f"--instance-type {self.instance_type!r}: not in the instance catalog; use one of "
@@ -109,10 +122,10 @@ def step_flops(config: Any, method: str, seq_len: int, trainable: int, checkpoin
 
 def _entry(config: Any, census: fp.Census, method: str, target: Target, *, seq_len: int, global_batch: int,
            micro_batch: int, lora_rank: int, targets: tuple[str, ...] | None, checkpointing: bool | None,
-           sharding: str) -> dict[str, Any]:
+           sharding: str, offload: bool = False) -> dict[str, Any]:
     """One method's row: bytes at full sharding with and without activation checkpointing, the choice, the time."""
     row, gpus = target.row, target.gpus
-    kw = dict(seq_len=seq_len, micro_batch=micro_batch, lora_rank=lora_rank, targets=targets)
+    kw = dict(seq_len=seq_len, micro_batch=micro_batch, lora_rank=lora_rank, targets=targets, offload=offload)
 
     def at(ranks: int, ac: bool) -> fp.Footprint:
         return fp.footprint(census, method, ranks, activation_checkpointing=ac, **kw)
@@ -122,7 +135,8 @@ def _entry(config: Any, census: fp.Census, method: str, target: Target, *, seq_l
     ac = checkpointing if checkpointing is not None else plain.peak_bytes > budget
     chosen = ckpt if ac else plain
     node = at(row.gpus, ac)
-    node_fits = fp.node_problem(census, method, row.gpus, row.gpu_memory_mib, activation_checkpointing=ac, **kw)
+    node_fits = fp.node_problem(census, method, row.gpus, row.gpu_memory_mib, worker_memory_gib(row),
+                                activation_checkpointing=ac, **kw)
     base = census.total
     micro_batches = max(global_batch // (gpus * micro_batch), 1)
     gather_bytes = (sum(fp.stored_bytes(p, method, None) for p in census.params) / base) if base else 2
@@ -140,8 +154,14 @@ def _entry(config: Any, census: fp.Census, method: str, target: Target, *, seq_l
         gpus * row.gpu_bf16_tflops * 1e12 * ASSUMED_MFU)
     step = max(compute, comm)
     per_s = tokens / step
+    host = chosen.host_bytes * target.ranks_per_node
+    host_fits = host <= target.host_budget_bytes
     return {
-        "method": method, "fits": chosen.peak_bytes <= budget, "gib_per_gpu": round(chosen.peak_bytes / GIB, 2),
+        "method": method, "fits": chosen.peak_bytes <= budget and host_fits,
+        "gib_per_gpu": round(chosen.peak_bytes / GIB, 2), "offload": "cpu" if offload else "none",
+        "host_gib_per_node": round(host / GIB, 2), "host_budget_gib": round(target.host_budget_bytes / GIB, 2),
+        "host_bytes_per_node": int(host), "host_budget_bytes": int(target.host_budget_bytes),
+        "host_fits": host_fits,
         "budget_gib": round(budget / GIB, 2), "sharding": shard.kind, "sharding_reason": shard.reason,
         "activation_checkpointing": ac, "trainable_params": chosen.trainable,
         "params_gib": round(chosen.params_bytes / GIB, 3), "grads_gib": round(chosen.grads_bytes / GIB, 3),
@@ -160,23 +180,27 @@ def _entry(config: Any, census: fp.Census, method: str, target: Target, *, seq_l
 def make_plan(config: Any, target: Target, *, seq_len: int = 2048, global_batch: int = 64, micro_batch: int = 1,
               lora_rank: int = fp.DEFAULT_LORA_RANK, targets: tuple[str, ...] | None = None,
               methods: Sequence[str] = fp.METHODS, checkpointing: bool | None = None,
-              sharding: str = "auto") -> dict[str, Any]:
+              sharding: str = "auto", offload: bool = False) -> dict[str, Any]:
     """The plan as one JSON-ready object: the target, the model, and a `methods` list (trainer.model.footprint).
 
     `checkpointing` None: activation checkpointing only where the run would not fit without it (what
-    `--micro-batch-size auto` does); True/False: as the run is configured.
+    `--micro-batch-size auto` does); True/False: as the run is configured. `offload`: FSDP2's CPU offload, the
+    states in host memory (qlora, whose NF4 base cannot be offloaded, is left out).
     """
     target.check()
     census = fp.census(config)
     entries = [_entry(config, census, m, target, seq_len=seq_len, global_batch=global_batch, micro_batch=micro_batch,
-                      lora_rank=lora_rank, targets=targets, checkpointing=checkpointing, sharding=sharding)
-               for m in methods]
+                      lora_rank=lora_rank, targets=targets, checkpointing=checkpointing, sharding=sharding,
+                      offload=offload)
+               for m in methods if not (offload and m == "qlora")]
     row = target.row
     return {"instance_type": target.instance_type, "nodes": target.nodes, "gpus": target.gpus,
             "gpu": row.gpu_model, "gpu_memory_gib": row.gpu_memory_gib, "budget_fraction": BUDGET,
             "model_type": getattr(config, "model_type", "?"), "parameters": census.total, "seq_len": seq_len,
             "micro_batch": micro_batch, "global_batch": global_batch, "lora_rank": lora_rank,
             "assumed_mfu": ASSUMED_MFU, "price_per_hour": round(target.nodes * row.price_per_hour, 4),
+            "offload": "cpu" if offload else "none", "worker_pod_memory_gib": worker_memory_gib(row),
+            "ranks_per_node": target.ranks_per_node,
             "methods": entries}
 
 
@@ -185,12 +209,16 @@ def markdown(plan: dict[str, Any]) -> str:
     rows = ["| method | fits | GiB per GPU (usable) | sharding | act. ckpt | params / grads / optimizer GiB | "
             "activations GiB (no ckpt / ckpt) | step s | tokens/s | $ per M tokens |",
             "|---|---|---|---|---|---|---|---|---|---|"]
+    host = plan.get("offload") == "cpu"
+    if host:  # --offload cpu: where the states went
+        rows = [rows[0] + " host GiB per node (usable) |", rows[1] + "---|"]
     for e in plan["methods"]:
         rows.append(f"| {e['method']} | {'yes' if e['fits'] else '**no**'} | {e['gib_per_gpu']:.2f} "
                     f"({e['budget_gib']:.2f}) | {e['sharding']} | {'on' if e['activation_checkpointing'] else 'off'} | "
                     f"{e['params_gib']:.2f} / {e['grads_gib']:.2f} / {e['optimizer_gib']:.2f} | "
                     f"{e['activations_gib']:.2f} / {e['activations_checkpointed_gib']:.2f} | {e['step_seconds']:.2f} | "
-                    f"{e['tokens_per_s']:,} | {e['usd_per_million_tokens']:.2f} |")
+                    f"{e['tokens_per_s']:,} | {e['usd_per_million_tokens']:.2f} |"
+                    + (f" {e['host_gib_per_node']:.2f} ({e['host_budget_gib']:.2f}) |" if host else ""))
     return "\n".join(rows)
 
 
@@ -199,7 +227,10 @@ def headline(plan: dict[str, Any]) -> str:
             f"{plan['instance_type']} ({plan['gpus']} x {plan['gpu']}, {plan['gpu_memory_gib']:.2f} GiB each, "
             f"{plan['budget_fraction']:.0%} usable), --seq-len {plan['seq_len']}, micro-batch {plan['micro_batch']}, "
             f"global batch {plan['global_batch']}; step time at {plan['assumed_mfu']:.0%} MFU or the communication "
-            f"estimate, whichever is longer; ${plan['price_per_hour']:.2f}/h")
+            f"estimate, whichever is longer; ${plan['price_per_hour']:.2f}/h"
+            + (f"; --offload cpu: parameters, gradients and optimizer states in host memory (the worker pod's "
+               f"{plan['worker_pod_memory_gib']} GiB, {HOST_BUDGET:.0%} usable; the host-device copies and the CPU "
+               f"optimizer step are not in the step time)" if plan.get("offload") == "cpu" else ""))
 
 
 def refusal(plan: dict[str, Any], method: str) -> str | None:
@@ -207,6 +238,13 @@ def refusal(plan: dict[str, Any], method: str) -> str | None:
     entry = next(e for e in plan["methods"] if e["method"] == method)
     if entry["fits"]:
         return None
+    if not entry["host_fits"]:
+        return (f"a {method} fine-tune with --offload cpu pins {entry['host_bytes_per_node']:,} bytes "
+                f"({entry['host_gib_per_node']:.2f} GiB: parameters, gradients and optimizer states of "
+                f"{plan['ranks_per_node']} ranks) in host memory on one {plan['instance_type']} node, above the "
+                f"{entry['host_budget_bytes']:,} bytes ({entry['host_budget_gib']:.2f} GiB, {HOST_BUDGET:.0%} of the Ray "
+                f"worker pod's {plan['worker_pod_memory_gib']} GiB memory limit) it may fill; add nodes (more workers shard the "
+                f"states further), or use --method lora or qlora without --offload")
     others = [e for e in plan["methods"] if e["method"] != method]
     trained = {"full": "--method full", "lora": "--method lora", "qlora": "--method qlora"}
     fitting = [f"{trained[e['method']]} {e['gib_per_gpu']:.2f} GiB" for e in others if e["fits"]]
@@ -244,6 +282,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--global-batch-size", type=int, default=64, help="sequences per step (default 64)")
     parser.add_argument("--lora-rank", type=int, default=fp.DEFAULT_LORA_RANK,
                         help=f"LoRA rank of lora and qlora (default {fp.DEFAULT_LORA_RANK})")
+    parser.add_argument("--offload", choices=("none", "cpu"), default="none",
+                        help="cpu: FSDP2's CPU offload, the states in host memory (full and lora; checks the worker "
+                             "pod's memory limit)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (a `methods` list) for scripts")
 
 
@@ -272,7 +313,7 @@ def run(args: argparse.Namespace, target: Target, storage_fs: Any = None) -> int
         raise PlanError(f"--seq-len {args.seq_len} exceeds the model's max_position_embeddings {limit}; use {limit} "
                         f"or less")
     plan = make_plan(config, target, seq_len=args.seq_len, global_batch=args.global_batch_size,
-                     lora_rank=args.lora_rank)
+                     lora_rank=args.lora_rank, offload=args.offload == "cpu")
     if args.json:
         print(json.dumps(plan, indent=2))
     else:
@@ -299,8 +340,43 @@ def run_refusal(cfg: Any, config: Any) -> tuple[str | None, dict[str, Any] | Non
                          micro_batch=1 if auto else int(cfg.micro_batch_size), lora_rank=cfg.lora_rank,
                          targets=cfg.lora_targets,
                          checkpointing=True if cfg.activation_checkpointing else (None if auto else False),
-                         sharding=cfg.sharding)
+                         sharding=cfg.sharding, offload=cfg.offload == "cpu")
     except Exception as e:  # noqa: BLE001 - a shape the arithmetic cannot read: the micro-batch probe still measures
         log.warning("no memory plan for this model (%s: %s); the GPU probe measures it at the start", type(e).__name__, e)
         return None, None
     return refusal(plan, cfg.method), plan
+
+
+def run_prediction(cfg: Any, config: Any, plan: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """What the plan predicts for this run's own method and sharding, for run.json beside the measured peak.
+
+    With the pre-flight's plan (a GPU run of a known instance type): its entry for --method, as the
+    refusal judged it. Otherwise the footprint of the run as configured: every worker in one shard group
+    (or --shard-size), micro-batch 1 with auto, activation checkpointing as set (auto may still turn it on).
+    """
+    if plan is not None:
+        e = next(e for e in plan["methods"] if e["method"] == cfg.method)
+        acts = e["activations_checkpointed_gib" if e["activation_checkpointing"] else "activations_gib"]
+        return {"method": cfg.method, "sharding": e["sharding"], "gpus": plan["gpus"],
+                "instance_type": plan["instance_type"], "activation_checkpointing": e["activation_checkpointing"],
+                "params_gib": e["params_gib"], "grads_gib": e["grads_gib"], "optimizer_gib": e["optimizer_gib"],
+                "activations_gib": acts, "buffers_gib": e["transient_gib"], "gib_per_gpu": e["gib_per_gpu"],
+                "fits": e["fits"], "budget_gib": e["budget_gib"], "offload": e["offload"],
+                "host_gib_per_node": e["host_gib_per_node"], "source": "pre-flight plan"}
+    ranks = cfg.shard_size or cfg.num_workers
+    try:
+        f = fp.footprint(fp.census(config), cfg.method, ranks, seq_len=cfg.seq_len,
+                         micro_batch=1 if cfg.micro_batch_auto else int(cfg.micro_batch_size),
+                         activation_checkpointing=bool(cfg.activation_checkpointing), lora_rank=cfg.lora_rank,
+                         targets=cfg.lora_targets, offload=cfg.offload == "cpu")
+    except Exception as e:  # noqa: BLE001 - a shape the arithmetic cannot read: run.json holds the measured peak alone
+        log.warning("no memory plan for run.json (%s: %s)", type(e).__name__, e)
+        return None
+    return {"method": cfg.method, "sharding": "full" if ranks == cfg.num_workers else "hybrid", "gpus": cfg.num_workers,
+            "instance_type": cfg.instance_type, "activation_checkpointing": f.activation_checkpointing,
+            "params_gib": round(f.params_bytes / GIB, 3), "grads_gib": round(f.grads_bytes / GIB, 3),
+            "optimizer_gib": round(f.optimizer_bytes / GIB, 3), "activations_gib": round(f.activations_bytes / GIB, 3),
+            "buffers_gib": round(f.transient_bytes / GIB, 3), "gib_per_gpu": round(f.peak_bytes / GIB, 3),
+            "fits": None, "budget_gib": None, "offload": cfg.offload,
+            "host_gib_per_node": round(f.host_bytes * min(ranks, cfg.num_workers) / GIB, 3),
+            "source": "footprint of the configured run"}

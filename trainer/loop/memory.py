@@ -164,7 +164,7 @@ def planned(cfg: TrainConfig, model: torch.nn.Module, env: WorkerEnv, micro_batc
         ranks = env.local_world_size if env.collectives.replicated else env.world_size
         f = footprint.footprint(footprint.census(model.config), cfg.method, ranks, seq_len=cfg.seq_len,
                                 micro_batch=micro_batch, activation_checkpointing=checkpointed,
-                                lora_rank=cfg.lora_rank, targets=cfg.lora_targets)
+                                lora_rank=cfg.lora_rank, targets=cfg.lora_targets, offload=cfg.offload == "cpu")
     except Exception:  # noqa: BLE001 - an architecture the plan cannot read: the measured numbers alone
         return None
     return {"gib_per_gpu": round(f.peak_bytes / footprint.GIB, 3), "states_gib": round(f.states_bytes / footprint.GIB, 3),

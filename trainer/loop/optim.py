@@ -60,7 +60,8 @@ def adamw_arguments(cfg: TrainConfig) -> dict:
 def for_run(model: nn.Module, cfg: TrainConfig,
             total_steps: int) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """The optimizer and schedule a TrainConfig asks for, over `total_steps` steps."""
-    optimizer = build_optimizer(model, fused=cfg.use_gpu, **adamw_arguments(cfg))
+    # CPU offload: the states and the step are on the host (FSDP2's CPUOffloadPolicy), where foreach runs
+    optimizer = build_optimizer(model, fused=cfg.use_gpu and cfg.offload != "cpu", **adamw_arguments(cfg))
     scheduler = build_scheduler(optimizer, warmup=cfg.warmup_for(total_steps), total=total_steps,
                                 schedule=cfg.schedule, min_ratio=cfg.min_lr_ratio)
     return optimizer, scheduler

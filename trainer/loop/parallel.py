@@ -229,18 +229,21 @@ def node_memory_problem(cfg: TrainConfig, model_config: Any, world_size: int, ho
     """Why one node's GPUs cannot hold a replica of this GPU run (trainer.model.footprint), or None.
 
     The run as configured: its sequence length and micro-batch (1 with auto, which also turns
-    activation checkpointing on where needed, so it is counted on then)."""
+    activation checkpointing on where needed, so it is counted on then); with --offload cpu the node's
+    worker pod must hold its ranks' states too."""
     from facts.catalog import GPU_TYPES
+    from facts.resources import worker_memory_gib
 
     nodes = len(set(hosts))
     if not cfg.use_gpu or cfg.instance_type not in GPU_TYPES or nodes < 2 or world_size % nodes:
         return None
     auto = cfg.micro_batch_auto
+    row = GPU_TYPES[cfg.instance_type]
     return footprint.node_problem(footprint.census(model_config), cfg.method, world_size // nodes,
-                                  GPU_TYPES[cfg.instance_type].gpu_memory_mib, seq_len=cfg.seq_len,
+                                  row.gpu_memory_mib, worker_memory_gib(row), seq_len=cfg.seq_len,
                                   micro_batch=1 if auto else int(cfg.micro_batch_size),
                                   activation_checkpointing=auto or cfg.activation_checkpointing,
-                                  lora_rank=cfg.lora_rank, targets=cfg.lora_targets)
+                                  lora_rank=cfg.lora_rank, targets=cfg.lora_targets, offload=cfg.offload == "cpu")
 
 
 def setup_parallel(cfg: TrainConfig, rank: int, world_size: int, local_rank: int,

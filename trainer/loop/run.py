@@ -41,6 +41,7 @@ log = logging.getLogger("trainer")
 CHAT_TEMPLATE_KEY = "chat_template_text"  # train_loop_config key: --chat-template's text, read by the driver
 # train_loop_config key: the driver's verdict on packing (trainer.loop.behaviour), "" when documents share rows
 ONE_PER_ROW_KEY = "documents_one_per_row"
+MEMORY_PLAN_KEY = "memory_plan"  # train_loop_config key: the pre-flight's prediction (trainer.jobs.plan.run_prediction)
 DATA_COUNTS = ("records", "documents", "rows", "truncated", "dropped", "drop_reasons", "too_long", "longest_tokens",
                "longest_record", "packed_rows", "one_per_row")
 
@@ -58,13 +59,15 @@ class Inputs(NamedTuple):
 
 def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *, latest_checkpoint: str | None = None,
         reporter: Reporter | None = None, preemption: Callable[[], Any] | None = None,
-        chat_template: str | None = None, inputs: dict | None = None, one_per_row: str | None = None) -> dict:
+        chat_template: str | None = None, inputs: dict | None = None, one_per_row: str | None = None,
+        memory_plan: dict | None = None) -> dict:
     """Train to the configured number of steps; returns the last logged metrics.
 
     `preemption` (ray.train.get_preemption_info under Ray) is asked at logging steps (trainer.loop.checkpointer);
     `chat_template` (the text of --chat-template, read by the driver) replaces the tokenizer's; `inputs`
     (the driver's trainer.run_folder.resume.inputs) go into run.json; `one_per_row` is the driver's packing verdict
-    (measured here when None).
+    (measured here when None); `memory_plan` (the pre-flight's prediction) goes into run.json, and beside it the
+    measured peak of every logging step.
     """
     torch.manual_seed(cfg.seed)
     model_path, tokenizer, data, eval_data = fetch_inputs(cfg, storage, chat_template, one_per_row)
@@ -73,7 +76,7 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *, latest_checkpoint
     model = build_model(model_path, device=env.device, use_gpu=cfg.use_gpu, mesh=env.mesh,
                         attn_implementation=cfg.attn_implementation,
                         activation_checkpointing=cfg.activation_checkpointing, seed=cfg.seed, random_init=cfg.random_init,
-                        lora=cfg.lora, qlora=cfg.method == "qlora")
+                        lora=cfg.lora, qlora=cfg.method == "qlora", offload=cfg.offload == "cpu")
     check_loss_path(model, resolve_loss(DEFAULT_LOSS, env.device), env.device,  # before the memory probe measures it
                     collectives=env.collectives)
     optimizer, scheduler = optim.for_run(model, cfg, steps)
@@ -82,7 +85,8 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *, latest_checkpoint
                                 reporter=reporter, preemption=preemption)
     start = checkpointer.resume(latest_checkpoint)
     monitor = Monitor(cfg, env, storage, model, start=start, total_steps=steps)
-    record = announce(cfg, env, storage, monitor, data, fit, start, steps, checkpointer.resumed_path, inputs)
+    record = announce(cfg, env, storage, monitor, data, fit, start, steps, checkpointer.resumed_path, inputs,
+                      memory_plan)
     evaluations: list[dict] = []
 
     def evaluate(step: int) -> dict:
@@ -117,6 +121,7 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *, latest_checkpoint
         if log_now:
             last = monitor.log(done, epoch=data.position(done, gb)["epoch"], vote=checkpointer.report_wanted(),
                                extra=evaluate(done) if eval_now else None)
+            run_record.record_memory(storage, record, done, last["peak_mem_gb"], env.device.type)
             if not save_now:
                 monitor.exclude(checkpointer.report(last, agreed=monitor.voted))
                 save_now = checkpointer.preempted(done, monitor)
@@ -160,7 +165,7 @@ def fetch_inputs(cfg: TrainConfig, storage: Storage, chat_template: str | None,
 
 
 def announce(cfg: TrainConfig, env: WorkerEnv, storage: Storage, monitor: Monitor, data: PackedData, fit: dict,
-             start: int, steps: int, resumed: str | None, inputs: dict | None) -> dict:
+             start: int, steps: int, resumed: str | None, inputs: dict | None, memory_plan: dict | None = None) -> dict:
     """The start (or resume) event, run.json and the first log lines; returns the run record."""
     micro = fit["micro_batch_size"]
     notes = data_summary(data.meta, cfg.overlong)
@@ -169,7 +174,7 @@ def announce(cfg: TrainConfig, env: WorkerEnv, storage: Storage, monitor: Monito
                   micro_batch=fit, data={k: data.meta.get(k) for k in DATA_COUNTS}, data_notes=notes)
     record = run_record.write_run_record(storage, cfg, device=env.device, rank=env.rank, world_size=env.world_size,
                                          data_meta=data.meta, data_key=data.fingerprint, start_step=start,
-                                         total_steps=steps, inputs=inputs)
+                                         total_steps=steps, inputs=inputs, memory_plan=memory_plan)
     if env.rank == 0:
         for note in notes:
             log.warning("data: %s", note)
@@ -204,6 +209,7 @@ def train_func(config: dict) -> None:
     chat_template = config.pop(CHAT_TEMPLATE_KEY, None)
     inputs = config.pop(INPUTS_KEY, None)
     one_per_row = config.pop(ONE_PER_ROW_KEY, None)
+    memory_plan = config.pop(MEMORY_PLAN_KEY, None)
     cfg = TrainConfig.from_dict(config)
     ctx = ray.train.get_context()
     device = None
@@ -220,6 +226,7 @@ def train_func(config: dict) -> None:
         report_to_ray(metrics, checkpoint_path, storage)
 
     run(cfg, env, storage, latest_checkpoint=latest.path if latest else None, reporter=reporter,
-        preemption=ray.train.get_preemption_info, chat_template=chat_template, inputs=inputs, one_per_row=one_per_row)
+        preemption=ray.train.get_preemption_info, chat_template=chat_template, inputs=inputs, one_per_row=one_per_row,
+        memory_plan=memory_plan)
     if dist.is_initialized():
         dist.barrier()

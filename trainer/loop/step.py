@@ -339,7 +339,8 @@ def train_step(
         sums[0] += mb_loss.detach()
 
     max_norm = grad_clip if grad_clip > 0 else float("inf")
-    grad_norm = _local(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=True))
+    # on the host with CPU offload (its gradients are there): the health checks compare it on the device
+    grad_norm = _local(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=True)).to(device)
     lr = optimizer.param_groups[0]["lr"]
     optimizer.step()
     if scheduler is not None:

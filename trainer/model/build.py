@@ -120,6 +120,14 @@ def _whole_params(init_weights):
     return run
 
 
+def buffers_to(model: nn.Module, device: torch.device) -> None:
+    """Every buffer (empty, still to be written) on `device`: with CPU offload only the parameters live on the host."""
+    for module in model.modules():
+        for name, buf in module._buffers.items():
+            if buf is not None:
+                module._buffers[name] = torch.empty_like(buf, device=device)
+
+
 def shard_ranks(mesh) -> int:
     """How many ranks FSDP2 splits each parameter over: the mesh's last (shard) dimension, else the world."""
     if mesh is not None:
@@ -250,12 +258,15 @@ def build_model(
     random_init: bool = False,
     lora: dict | None = None,
     qlora: bool = False,
+    offload: bool = False,
 ) -> nn.Module:
     """A sharded, weight-loaded causal LM ready to train; `random_init`: the config's initialisation instead
     (a folder without weights is an error otherwise: trainer.model.sources.check_weights).
 
     `lora` (apply_lora's arguments): peft's LoRA adapters, the rest frozen (trainer.model.adapters); with
     `qlora` the decoder layers' frozen linear weights are NF4, quantized as they load (trainer.model.quantize).
+    `offload`: FSDP2's CPU offload (trainer.model.sharding.shard_kwargs): the parameters materialise in host
+    memory, the buffers (RoPE frequencies) on `device`, where the layers compute.
     `kernels`: "liger" patches Liger's RMSNorm/SwiGLU/RoPE kernels into the model, "auto"
     does so on GPU when liger-kernel is installed, "none" keeps transformers' modules.
     """
@@ -289,8 +300,11 @@ def build_model(
     if compile:
         compile_layers(model)
     remember_conversions(model)  # before fully_shard renames the classes transformers looks them up by
-    shard_model(model, mixed_precision(use_gpu), mesh=mesh, ignored_params=quantize.unsharded(model, shard_ranks(mesh)))
-    model.to_empty(device=device)
+    shard_model(model, mixed_precision(use_gpu), mesh=mesh, ignored_params=quantize.unsharded(model, shard_ranks(mesh)),
+                offload=offload)
+    model.to_empty(device="cpu" if offload else device)
+    if offload:
+        buffers_to(model, device)
     poison(model)
     _load_base(model, path, lora=bool(lora), qlora=qlora, random_init=random_init, seed=seed)
     initialise_unloaded(model, seed)

@@ -16,7 +16,10 @@ largest of four moments of a step (end of forward, the loss, a layer's backward,
 backward), each the sum of what is alive then: the saved activations (each layer's input with
 activation checkpointing, else every layer's activations), the gathered bf16 groups (the current and
 the prefetched one), a group's unsharded gradients in bf16 and fp32 for the reduce-scatter, and the
-chunked loss's logits (trainer.model.losses). Imports torch and transformers lazily.
+chunked loss's logits (trainer.model.losses). With FSDP2's CPU offload (--offload cpu) the parameters,
+gradients and optimizer states are host memory instead (pinned, per rank), and the GPU holds, beside the
+rest, the host-to-device copies of the current and the prefetched group's shards. Imports torch and
+transformers lazily.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ NF4_SCALER_BLOCK = 256   # scales per bf16 quantization factor
 NF4_PER_TENSOR = 2 + 16 * 2  # bf16 scaler mean, the 16 bf16 NF4 code values: on every rank, whole
 DEFAULT_LORA_RANK = 16   # peft's LoraConfig.r is 8; TRL's ModelConfig.lora_r is 16
 BUDGET = 0.9             # of a GPU's memory a plan may fill: what the micro-batch probe allows itself (trainer.loop.memory)
+HOST_BUDGET = 0.8        # of the worker pod's memory limit offloaded states may fill: the rest for processes, Ray, cache
 GIB = 2 ** 30
 
 
@@ -155,14 +159,21 @@ class Footprint:
     optimizer_bytes: float
     activations_bytes: float       # saved for backward at its largest (estimate)
     transient_bytes: float         # the rest of the largest moment: gathered groups, unsharded gradients, loss
+    offload: bool = False          # FSDP2's CPUOffloadPolicy: the states live in host memory
 
     @property
     def states_bytes(self) -> float:
         return self.params_bytes + self.grads_bytes + self.optimizer_bytes
 
     @property
+    def host_bytes(self) -> float:
+        """Host memory this rank pins for its states with CPU offload (0 without)."""
+        return self.states_bytes if self.offload else 0.0
+
+    @property
     def peak_bytes(self) -> float:
-        return self.states_bytes + self.activations_bytes + self.transient_bytes
+        """GPU memory at the largest moment of a step."""
+        return (0.0 if self.offload else self.states_bytes) + self.activations_bytes + self.transient_bytes
 
 
 def stored_bytes(p: Param, method: str, ranks: int | None) -> float:
@@ -184,10 +195,13 @@ def layer_activation_bytes(c: Census, tokens: int, lora_rank: int = 0, lora_line
 
 def footprint(c: Census, method: str, ranks: int, *, seq_len: int, micro_batch: int = 1,
               activation_checkpointing: bool = False, lora_rank: int = DEFAULT_LORA_RANK,
-              targets: tuple[str, ...] | None = None) -> Footprint:
-    """What rank 0 allocates for `method` with every parameter sharded over `ranks`."""
+              targets: tuple[str, ...] | None = None, offload: bool = False) -> Footprint:
+    """What rank 0 allocates for `method` with every parameter sharded over `ranks` (`offload`: FSDP2's CPU
+    offload, the states in host memory)."""
     if method not in METHODS:
         raise ValueError(f"method {method!r}: use one of {', '.join(METHODS)}")
+    if offload and method == "qlora":
+        raise ValueError("method 'qlora' with CPU offload: its NF4 base is not offloaded; use lora or full")
     full = method == "full"
     lora = [] if full else adapters(c, lora_rank, targets)
     trained = list(c.params) if full else lora
@@ -217,17 +231,21 @@ def footprint(c: Census, method: str, ranks: int, *, seq_len: int, micro_batch: 
     # hands it over in bf16, which FSDP2 copies into its fp32 reduce-scatter input: whichever pair is larger.
     accumulated = head_weight.numel * REDUCE_BYTES if full and head_weight is not None else 0
     head_grads = max(chunk + accumulated, unsharded_grads(head))
+    # CPU offload copies a group's sharded parameters (as stored) to the GPU before its all-gather: two groups
+    staged = 2 * max((sum(stored_bytes(p, method, ranks) for p in c.params if p.group == g) +
+                      sum(p.shard(ranks) * MASTER_BYTES for p in lora if p.group == g) for g in groups),
+                     default=0.0) if offload else 0.0
     moments = {
-        "end of forward": saved + recompute + 2 * layer + dequantized,
-        "loss": saved + gathered(head) + layer + head_grads,
-        "layer backward": saved + recompute + 2 * layer + layer_grads + dequantized,
-        "embedding backward": gathered(EMBED) + unsharded_grads(EMBED),
+        "end of forward": saved + recompute + 2 * layer + dequantized + staged,
+        "loss": saved + gathered(head) + layer + head_grads + staged,
+        "layer backward": saved + recompute + 2 * layer + layer_grads + dequantized + staged,
+        "embedding backward": gathered(EMBED) + unsharded_grads(EMBED) + staged,
     }
     acts = saved + recompute  # at most the end of forward's moment, so the transient part is never negative
     largest = max(moments.values())
     return Footprint(method, ranks, activation_checkpointing, sum(p.numel for p in trained), float(params),
                      float(trained_shard * REDUCE_BYTES),
-                     float(trained_shard * ADAM_BYTES), float(acts), float(largest - acts))
+                     float(trained_shard * ADAM_BYTES), float(acts), float(largest - acts), offload)
 
 
 def budget_bytes(gpu_memory_mib: int) -> float:
@@ -235,11 +253,22 @@ def budget_bytes(gpu_memory_mib: int) -> float:
     return gpu_memory_mib * 2 ** 20 * BUDGET
 
 
-def node_problem(c: Census, method: str, ranks_per_node: int, gpu_memory_mib: int, **kw: Any) -> str | None:
-    """Why one node's shard group cannot hold the run (hybrid sharding's replica), or None when it can."""
+def host_budget_bytes(pod_memory_gib: float) -> float:
+    """What CPU-offloaded states of one node's ranks may fill of its Ray worker pod (HOST_BUDGET of its limit)."""
+    return pod_memory_gib * GIB * HOST_BUDGET
+
+
+def node_problem(c: Census, method: str, ranks_per_node: int, gpu_memory_mib: int, pod_memory_gib: float | None = None,
+                 **kw: Any) -> str | None:
+    """Why one node's shard group cannot hold the run (hybrid sharding's replica), or None when it can; with CPU
+    offload (`offload` in kw) its ranks' states must fit the worker pod's memory (`pod_memory_gib`) too."""
     f = footprint(c, method, ranks_per_node, **kw)
     budget = budget_bytes(gpu_memory_mib)
-    if f.peak_bytes <= budget:
-        return None
-    return (f"{f.peak_bytes / GIB:.2f} GiB per GPU sharded over one node's {ranks_per_node} GPUs, "
-            f"{budget / GIB:.2f} GiB usable")
+    if f.peak_bytes > budget:
+        return (f"{f.peak_bytes / GIB:.2f} GiB per GPU sharded over one node's {ranks_per_node} GPUs, "
+                f"{budget / GIB:.2f} GiB usable")
+    host = f.host_bytes * ranks_per_node
+    if pod_memory_gib is not None and host > host_budget_bytes(pod_memory_gib):
+        return (f"{host / GIB:.2f} GiB of offloaded states in host memory sharded over one node's {ranks_per_node} "
+                f"GPUs, {host_budget_bytes(pod_memory_gib) / GIB:.2f} GiB usable of the worker pod")
+    return None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from trainer.model.parts import model_parts
 
@@ -19,11 +19,20 @@ def mixed_precision(use_gpu: bool):
     return MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
 
 
-def shard_model(model: nn.Module, mp_policy, mesh=None, ignored_params: set | None = None) -> nn.Module:
+def shard_kwargs(mp_policy, mesh=None, ignored_params: set | None = None, offload: bool = False) -> dict:
+    """fully_shard's arguments for every group: `offload` is FSDP2's CPUOffloadPolicy (sharded parameters,
+    gradients and optimizer states in pinned host memory, the optimizer step on the CPU)."""
+    return {"mesh": mesh, "mp_policy": mp_policy,
+            "offload_policy": CPUOffloadPolicy(pin_memory=True) if offload else OffloadPolicy(),
+            **({"ignored_params": ignored_params} if ignored_params else {})}
+
+
+def shard_model(model: nn.Module, mp_policy, mesh=None, ignored_params: set | None = None,
+                offload: bool = False) -> nn.Module:
     """fully_shard each decoder layer, the embedding/norm/lm_head group, then the root (everything else);
-    `ignored_params` stay outside FSDP2, whole on every rank."""
+    `ignored_params` stay outside FSDP2, whole on every rank; `offload`: shard_kwargs."""
     parts = model_parts(model)
-    kw = {"mesh": mesh, "mp_policy": mp_policy, **({"ignored_params": ignored_params} if ignored_params else {})}
+    kw = shard_kwargs(mp_policy, mesh, ignored_params, offload)
     for i, layer in enumerate(parts.layers):
         # The last layer is needed again right away by backward: keep it gathered.
         fully_shard(layer, reshard_after_forward=i < len(parts.layers) - 1, **kw)

@@ -55,10 +55,13 @@ def hardware(ranks: list[dict], instance_type: str | None = None) -> dict[str, A
 
 
 def run_record(cfg, *, data_meta: dict, data_key: str, hw: dict, previous: dict | None, start_step: int,
-               total_steps: int, extra: dict | None = None, inputs: dict | None = None) -> dict:
+               total_steps: int, extra: dict | None = None, inputs: dict | None = None,
+               memory_plan: dict | None = None) -> dict:
     """run.json's content: this attempt appended to the attempts of `previous` (the file as it was).
 
-    `inputs` (trainer.run_folder.resume) are what a later resume is compared with: the driver's, else the previous ones.
+    `inputs` (trainer.run_folder.resume) are what a later resume is compared with: the driver's, else the previous ones;
+    `memory_plan` (the pre-flight's prediction, trainer.jobs.plan.run_prediction) starts `memory`, where record_memory
+    adds the measured peak.
     """
     attempt = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "start_step": start_step, "hardware": hw,
                "versions": versions(), **(extra or {})}
@@ -70,6 +73,7 @@ def run_record(cfg, *, data_meta: dict, data_key: str, hw: dict, previous: dict 
     return {"run_name": cfg.resolved_run_name, "config": cfg.to_dict(), "total_steps": total_steps,
             "inputs": inputs if inputs is not None else (previous or {}).get("inputs"),
             "data": {**data, "packed_data_key": data_key}, "hardware": hw, "versions": attempt["versions"],
+            "memory": {"plan": memory_plan, "measured": None, "measured_over_plan": None},
             "attempts": [*(previous or {}).get("attempts", []), attempt]}
 
 
@@ -128,7 +132,8 @@ def model_card(record: dict, final: dict, steps: int, tokens: int) -> str:
 
 
 def write_run_record(storage, cfg, *, device, rank: int, world_size: int, data_meta: dict, data_key: str,
-                     start_step: int, total_steps: int, inputs: dict | None = None) -> dict | None:
+                     start_step: int, total_steps: int, inputs: dict | None = None,
+                     memory_plan: dict | None = None) -> dict | None:
     """Collective: every rank's host and device gathered; rank 0 writes run.json and returns the record."""
     import torch.distributed as dist
 
@@ -141,7 +146,8 @@ def write_run_record(storage, cfg, *, device, rank: int, world_size: int, data_m
         return None
     previous = read_previous(lambda: storage.read_text(RUN_RECORD)) if storage.exists(RUN_RECORD) else None
     record = run_record(cfg, data_meta=data_meta, data_key=data_key, hw=hardware(ranks, cfg.instance_type),
-                        previous=previous, start_step=start_step, total_steps=total_steps, inputs=inputs)
+                        previous=previous, start_step=start_step, total_steps=total_steps, inputs=inputs,
+                        memory_plan=memory_plan)
     storage.write_text(json.dumps(record, indent=1, default=str), RUN_RECORD)
     return record
 
@@ -160,3 +166,26 @@ def record_eval(storage, record: dict | None, results: list[dict]) -> None:
         return
     record["eval"] = {"history": results, "last": results[-1], "best": min(results, key=lambda r: r["eval_loss"])}
     storage.write_text(json.dumps(record, indent=1, default=str), RUN_RECORD)
+
+
+def memory_entry(plan: dict | None, measured: dict | None, step: int, peak_gib: float, device: str) -> dict:
+    """run.json's `measured` after a logging step: the highest peak so far (rank 0's, the fullest rank the plan
+    counts), where it was reached, and its ratio to the plan's GiB per GPU (on a GPU; a CPU's peak is the
+    process's resident set, not the plan's bf16 device memory)."""
+    if measured is None or peak_gib > measured["peak_gib"]:
+        measured = {"peak_gib": peak_gib, "step": step,
+                    "kind": "cuda_max_allocated" if device == "cuda" else "host_max_rss_process"}
+    total = (plan or {}).get("gib_per_gpu")
+    return {"plan": plan, "measured": measured,
+            "measured_over_plan": round(measured["peak_gib"] / total, 3) if total else None}
+
+
+def record_memory(storage, record: dict | None, step: int, peak_gib: float, device: str) -> None:
+    """Rank 0: the measured peak beside the plan's prediction into run.json, when it rose (or first)."""
+    if record is None:
+        return
+    memory = record.get("memory") or {}
+    entry = memory_entry(memory.get("plan"), memory.get("measured"), step, peak_gib, device)
+    if entry != memory:
+        record["memory"] = entry
+        storage.write_text(json.dumps(record, indent=1, default=str), RUN_RECORD)
