@@ -93,12 +93,12 @@ def test_fully_shard_gets_cpu_offload_policy_on_every_group(process_group):
 
     offloaded = groups(True)
     assert len(offloaded) == 2 + 2  # the decoder layers, the embedding, the norm with lm_head (the root holds none)
-    for group in offloaded:
+    for group in nonempty(offloaded, "offloaded groups"):
         assert isinstance(group.offload_policy, CPUOffloadPolicy) and group.offload_policy.pin_memory
     params = nonempty([p for group in offloaded for p in group.fsdp_params], "sharded parameters")
     assert len(params) == sum(1 for _ in AutoModelForCausalLM.from_config(config).parameters())
     assert all(p.offload_to_cpu and p.pin_memory for p in params)
-    for group in groups(False):
+    for group in nonempty(groups(False), "groups without offload"):
         assert type(group.offload_policy) is OffloadPolicy and not any(p.offload_to_cpu for p in group.fsdp_params)
 
 

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from tests.guards import nonempty
 from trainer.jobs import launch
 from trainer.run_folder import checkpoint as ckpt
 from trainer.storage import Storage
@@ -100,6 +101,7 @@ def test_a_finished_run_pointed_at_new_data_or_settings_is_refused_listing_what_
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
     (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
     assert line.startswith(f"error: {run}: every checkpoint this run saved is damaged ({saved[0]}: files listed in "), line
-    assert all(n in line for n in saved) and line.endswith("or start a new run (another --run-name)"), line
+    assert all(n in line for n in nonempty(saved, "saved checkpoints")), line
+    assert line.endswith("or start a new run (another --run-name)"), line
     assert "Traceback" not in proc.stderr
     assert sorted((p.relative_to(run), p.stat().st_size) for p in run.rglob("*") if p.is_file()) == before
