@@ -4,6 +4,7 @@ same two ranks resume from object storage fetching only their share (trainer.run
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -181,7 +182,7 @@ def test_a_lora_run_exports_what_peft_loads_and_resumes_bit_exactly(process_grou
     from transformers import AutoModelForCausalLM
 
     from trainer.loop.parallel import setup_parallel
-    from trainer.loop.run import InjectedFailure, run
+    from trainer.loop.run import run
     from trainer.run_folder.export import ADAPTER_DIR, EXPORT_DIR
     from trainer.storage import Storage
 
@@ -201,11 +202,22 @@ def test_a_lora_run_exports_what_peft_loads_and_resumes_bit_exactly(process_grou
     for key, value in nonempty(list(exported.items()), "exported weights"):
         assert torch.equal(value, reference[key]), key
 
-    killed = _lora_cfg(demo_assets, tmp_path, "killed", fail_at_step=3)
+    assert_resumes_bit_exactly(_lora_cfg(demo_assets, tmp_path, "killed", fail_at_step=3), adapters)
+
+
+def assert_resumes_bit_exactly(killed, adapters: dict) -> None:
+    """A one-rank run that fails at its --fail-at-step, run again: it resumes and ends with `adapters`, to the bit."""
+    from safetensors.torch import load_file
+
+    from trainer.loop.parallel import setup_parallel
+    from trainer.loop.run import InjectedFailure, run
+    from trainer.run_folder.export import ADAPTER_DIR
+    from trainer.storage import Storage
+
     with pytest.raises(InjectedFailure):
         run(killed, setup_parallel(killed, 0, 1, 0), Storage.from_uri(killed.run_uri))
     run(killed, setup_parallel(killed, 0, 1, 0), Storage.from_uri(killed.run_uri))
-    resumed = load_file(str(tmp_path / "killed" / ADAPTER_DIR / "adapter_model.safetensors"))
+    resumed = load_file(str(Path(killed.run_uri) / ADAPTER_DIR / "adapter_model.safetensors"))
     for key, value in nonempty(list(adapters.items()), "adapters"):
         assert torch.equal(resumed[key], value), key
 

@@ -13,6 +13,7 @@ import torch.multiprocessing as mp
 from tests.guards import nonempty
 
 from .conftest import free_port
+from .test_lora import assert_resumes_bit_exactly
 
 RANK, ALPHA = 4, 8.0
 
@@ -161,7 +162,7 @@ def test_a_qlora_run_checkpoints_only_the_adapters_exports_what_peft_loads_and_r
     from transformers import AutoModelForCausalLM
 
     from trainer.loop.parallel import setup_parallel
-    from trainer.loop.run import InjectedFailure, run
+    from trainer.loop.run import run
     from trainer.model import quantize
     from trainer.run_folder import checkpoint as ckpt
     from trainer.run_folder.export import ADAPTER_DIR, EXPORT_DIR
@@ -193,13 +194,7 @@ def test_a_qlora_run_checkpoints_only_the_adapters_exports_what_peft_loads_and_r
     assert torch.equal(merged["model.embed_tokens.weight"], source["model.embed_tokens.weight"].to(torch.bfloat16))
     assert AutoModelForCausalLM.from_pretrained(str(merged_dir)) is not None
 
-    killed = _qlora_cfg(demo_assets, tmp_path, "killed", fail_at_step=3)
-    with pytest.raises(InjectedFailure):
-        run(killed, setup_parallel(killed, 0, 1, 0), Storage.from_uri(killed.run_uri))
-    run(killed, setup_parallel(killed, 0, 1, 0), Storage.from_uri(killed.run_uri))
-    resumed = load_file(str(tmp_path / "killed" / ADAPTER_DIR / "adapter_model.safetensors"))
-    for key, value in nonempty(list(adapters.items()), "adapters"):
-        assert torch.equal(resumed[key], value), key
+    assert_resumes_bit_exactly(_qlora_cfg(demo_assets, tmp_path, "killed", fail_at_step=3), adapters)
 
 
 def test_bad_qlora_settings_are_refused_before_ray(demo_assets, tmp_path):
