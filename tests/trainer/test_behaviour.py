@@ -73,8 +73,9 @@ def test_a_model_that_mixes_packed_documents_trains_one_document_per_row_with_th
     from trainer.storage import Storage
 
     cfg = run_config(opt, demo_assets, storage_path=str(tmp_path / "runs"), cache_dir=str(trainer_cache))
-    handed = build_trainer(cfg, one_per_row=info["behaviour"].one_per_row).train_loop_config
+    handed = build_trainer(cfg, found=info).train_loop_config
     assert handed[loop_run.ONE_PER_ROW_KEY] == info["behaviour"].reason != ""
+    assert handed[loop_run.INPUTS_KEY] == info["inputs"] and handed[loop_run.MEMORY_PLAN_KEY] == info["memory_plan"]
     monkeypatch.setattr(loop_run, "documents_per_row", lambda *a: pytest.fail("measured again on a worker"))
     worker = loop_run.fetch_inputs(cfg, Storage.from_uri(cfg.run_uri), None, handed[loop_run.ONE_PER_ROW_KEY])
     assert worker.data.num_rows == data["rows"]

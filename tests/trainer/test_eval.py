@@ -58,7 +58,7 @@ def test_the_eval_loss_of_held_out_data_is_logged_at_the_start_and_every_n_steps
                       eval_every=4, eval_each_epoch=True, eval_on_start=True, checkpoint_each_epoch=True,
                       eval_dataset=str(demo_assets["heldout"]), eval_batch_size=3, export=False, progress=False,
                       report_to="tensorboard", storage_path=str(tmp_path), run_name="ev", cache_dir=str(tmp_path / "c"))
-    handed = build_trainer(cfg, memory_plan=preflight(cfg)["memory_plan"]).train_loop_config[MEMORY_PLAN_KEY]
+    handed = build_trainer(cfg, found=preflight(cfg)).train_loop_config[MEMORY_PLAN_KEY]
     run(cfg, setup_parallel(cfg, 0, 1, 0), Storage.from_uri(cfg.run_uri), memory_plan=handed)
 
     lines = [json.loads(line) for line in (tmp_path / "ev" / "metrics.jsonl").read_text().splitlines()]

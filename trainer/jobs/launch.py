@@ -272,11 +272,21 @@ def checkpoint_config(cfg: TrainConfig):
     return CheckpointConfig(num_to_keep=cfg.num_to_keep)
 
 
+def handed_to_workers(found: dict | None) -> dict:
+    """What the pre-flight `found` that the workers take as it is (train_loop_config keys): the run's inputs for
+    run.json, the packing verdict (so they need not measure the model again) and the memory plan's prediction."""
+    if not found:
+        return {}
+    behaviour = found.get("behaviour")
+    handed = {resume.INPUTS_KEY: found.get("inputs"), MEMORY_PLAN_KEY: found.get("memory_plan"),
+              ONE_PER_ROW_KEY: behaviour.one_per_row if behaviour is not None else None}
+    return {k: v for k, v in handed.items() if v is not None}
+
+
 def build_trainer(cfg: TrainConfig, storage_filesystem: Any = None, *, quiet: bool = False,
-                  inputs: dict | None = None, one_per_row: str | None = None, memory_plan: dict | None = None):
-    """TorchTrainer running trainer.loop.run.train_func; `quiet` hides Ray Train's own INFO logs; `inputs`,
-    `one_per_row` (the pre-flight's packing verdict) and `memory_plan` (its prediction for run.json) travel to
-    the workers, which then need not measure again.
+                  found: dict | None = None):
+    """TorchTrainer running trainer.loop.run.train_func; `quiet` hides Ray Train's own INFO logs; what the
+    pre-flight `found` travels to the workers (handed_to_workers).
 
     Ray retries nothing itself (max_failures 0; train() decides); preemptions keep Ray's own
     budget (FailureConfig.max_preemption_failures, unlimited by default).
@@ -293,12 +303,7 @@ def build_trainer(cfg: TrainConfig, storage_filesystem: Any = None, *, quiet: bo
     if cfg.chat_template:  # read here, by the driver: the workers may be on nodes without the file
         fs = storage_filesystem if cfg.chat_template.startswith("s3://") else None
         loop_config[CHAT_TEMPLATE_KEY] = read_chat_template(cfg.chat_template, fs)
-    if inputs is not None:
-        loop_config[resume.INPUTS_KEY] = inputs
-    if one_per_row is not None:
-        loop_config[ONE_PER_ROW_KEY] = one_per_row
-    if memory_plan is not None:
-        loop_config[MEMORY_PLAN_KEY] = memory_plan
+    loop_config.update(handed_to_workers(found))
     return TorchTrainer(
         train_func,
         train_loop_config=loop_config,
@@ -318,7 +323,7 @@ def build_trainer(cfg: TrainConfig, storage_filesystem: Any = None, *, quiet: bo
 
 
 def train(cfg: TrainConfig, storage_filesystem: Any = None, *, check: bool = True, quiet: bool = False,
-          inputs: dict | None = None, memory_plan: dict | None = None):
+          found: dict | None = None):
     """Pre-flight and the cluster's size, then fit on the connected Ray cluster; returns Ray's Result.
 
     Ray Train retries every worker failure alike (its failure policy is not pluggable), a bad
@@ -328,24 +333,18 @@ def train(cfg: TrainConfig, storage_filesystem: Any = None, *, check: bool = Tru
     failure of a worker is raised at once (a UserError: exit 2).
     """
 
-    one_per_row = None
     if check:
         found = preflight(cfg, storage_filesystem)
-        inputs = found["inputs"]
-        one_per_row = found["behaviour"].one_per_row if found.get("behaviour") is not None else None
-        memory_plan = found.get("memory_plan")
     check_capacity(cfg.num_workers, cfg.use_gpu, cfg.pool)
     run = Storage.from_uri(cfg.run_uri, fs=storage_filesystem)
     with run_lock.held(run, cfg.resolved_run_name):  # one run at a time trains into a run folder
-        result = _fit_with_retries(cfg, run, storage_filesystem, quiet=quiet, inputs=inputs, one_per_row=one_per_row,
-                                   memory_plan=memory_plan)
+        result = _fit_with_retries(cfg, run, storage_filesystem, quiet=quiet, found=found)
     if cfg.push_to_hub and result.error is None:  # as transformers' Trainer.push_to_hub at the end of training
         print(f"pushed {run.path(EXPORT_DIR)} to the Hugging Face Hub: {publish.push(run, cfg)}", flush=True)
     return result
 
 
-def _fit_with_retries(cfg: TrainConfig, run: Storage, storage_filesystem: Any, *, quiet: bool, inputs: dict | None,
-                      one_per_row: str | None, memory_plan: dict | None = None):
+def _fit_with_retries(cfg: TrainConfig, run: Storage, storage_filesystem: Any, *, quiet: bool, found: dict | None):
     failures = 0
     while True:
         note = ckpt.repair_ray_record(run)  # every attempt: Ray's controller reads the record at its start
@@ -353,9 +352,7 @@ def _fit_with_retries(cfg: TrainConfig, run: Storage, storage_filesystem: Any, *
             print(f"note: {note}", file=sys.stderr, flush=True)
         try:
             with interrupt.stopped_by_signal(run) as stop:  # SIGINT, SIGTERM: exit 130 naming the checkpoint
-                trainer = build_trainer(cfg, storage_filesystem, quiet=quiet, inputs=inputs, one_per_row=one_per_row,
-                                        memory_plan=memory_plan)
-                return stop.attach(trainer).fit()
+                return stop.attach(build_trainer(cfg, storage_filesystem, quiet=quiet, found=found)).fit()
         except Exception as e:
             found = user_error(e)
             if found is not None:
@@ -434,7 +431,7 @@ def main(argv: Sequence[str]) -> int:
     if on_node:  # the head's own folder, chosen for a single-node cluster: it must still be one
         check_single_node(cfg.storage_path)
     try:
-        train(cfg, check=False, inputs=info["inputs"], memory_plan=info.get("memory_plan"))
+        train(cfg, check=False, found=info)
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001 - fit() raises the workers' error once the retries are spent

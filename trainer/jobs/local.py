@@ -279,7 +279,7 @@ def _train_on_a_cluster(address: str | None, cfg: TrainConfig, info: dict) -> tu
               f"{cfg.seq_len} tokens", flush=True)
         t_train = time.perf_counter()
         try:
-            result = train(cfg, check=False, quiet=True, inputs=info["inputs"], memory_plan=info.get("memory_plan"))
+            result = train(cfg, check=False, quiet=True, found=info)
         except UserError:
             raise
         except Exception as e:  # noqa: BLE001 - Ray raises the workers' error from fit()
