@@ -138,7 +138,7 @@ def main(argv: Sequence[str]) -> int:
             emit_error(setup, e)
     if "hf_trainer" in results and "trainer" in results:
         emit({"setup": "summary", "speedup_vs_hf_trainer":
-              round(results["trainer"]["tokens_per_s"] / results["hf_trainer"]["tokens_per_s"], 3),
+              float(f'{results["trainer"]["tokens_per_s"] / results["hf_trainer"]["tokens_per_s"]:.4g}'),
               "trainer_tokens_per_s": results["trainer"]["tokens_per_s"],
               "hf_trainer_tokens_per_s": results["hf_trainer"]["tokens_per_s"]})
     if dist.is_initialized():
