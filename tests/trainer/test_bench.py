@@ -38,15 +38,17 @@ def _bench_without(blocked: tuple[str, ...], *args: str) -> tuple[int, list[dict
 
 
 NO_RAY = ("ray", "datasets")
+SMALL_PEAK = ("--matmul-size", "256")  # the peak's 2048-wide default matmuls take seconds on a CPU
 
 
 def test_throughput_runs_the_trainer_and_the_transformers_baseline_without_ray_or_datasets():
     code, records, err = _bench_without(NO_RAY, "--model-shape", "tiny", "--seq-len", "64", "--global-batch-size",
-                                        "4", "--hf-micro-batch-size", "2", "--steps", "1", "--warmup", "1")
+                                        "4", "--hf-micro-batch-size", "2", "--steps", "1", "--warmup", "1", *SMALL_PEAK)
     lines = {r["setup"]: r for r in records}
     assert code == 0, (records, err[-2000:])
     assert set(lines) == {"matmul_peak", "hf_trainer", "trainer", "summary"}
     assert lines["matmul_peak"]["measured_peak_tflops"] > 0 and lines["matmul_peak"]["dtype"] == "float32"
+    assert lines["matmul_peak"]["size"] == int(SMALL_PEAK[1])
     for setup in ("hf_trainer", "trainer"):
         r = lines[setup]
         for key in ("tokens_per_s", "mfu_measured_peak", "mfu_datasheet_peak", "peak_mem_gib", "gflop_per_token",
@@ -71,6 +73,8 @@ def test_bad_options_are_named_with_the_fix(capsys):
     assert "positive divisor of --global-batch-size 8" in capsys.readouterr().err
     assert bench_main(["--setups", "hf_trainer,deepspeed"]) == 2
     assert "unknown deepspeed" in capsys.readouterr().err
+    assert bench_main(["--matmul-size", "0"]) == 2
+    assert "--matmul-size = 0: must be at least 1" in capsys.readouterr().err
     assert bench_main(["padding", "--documents", "5", "--seq-len", "256"]) == 2
     assert ("error: --documents 5 pack into 1 rows, fewer than the 40 the steps need; raise --documents or lower "
             "--steps/--global-batch-size") in capsys.readouterr().err
@@ -161,7 +165,8 @@ def test_throughput_of_any_architecture_from_its_config_folder_or_file(tmp_path,
     folder = tmp_path / "mixtral"
     config("mixtral", False).save_pretrained(folder)
     code, records, err = _bench_without(NO_RAY, "--model-shape", str(folder), "--seq-len", "32", "--global-batch-size",
-                                        "2", "--hf-micro-batch-size", "2", "--steps", "1", "--warmup", "0")
+                                        "2", "--hf-micro-batch-size", "2", "--steps", "1", "--warmup", "0",
+                                        *SMALL_PEAK)
     lines = {r["setup"]: r for r in records}
     assert code == 0, (records, err[-2000:])
     for setup in ("hf_trainer", "trainer"):
@@ -175,7 +180,7 @@ def test_throughput_of_any_architecture_from_its_config_folder_or_file(tmp_path,
     config("gemma2", True).save_pretrained(gemma)
     code, records, err = _bench_without(NO_RAY + ("accelerate",), "--model-shape", str(gemma / "config.json"),
                                         "--seq-len", "32", "--global-batch-size", "2", "--hf-micro-batch-size", "2",
-                                        "--steps", "1", "--warmup", "0")
+                                        "--steps", "1", "--warmup", "0", *SMALL_PEAK)
     lines = {r["setup"]: r for r in records}
     assert code == 1, (records, err[-2000:])
     assert "accelerate" in lines["hf_trainer"]["error"] and "pip install 'accelerate>=1.1.0'" in lines["hf_trainer"]["error"]
@@ -192,7 +197,7 @@ def test_lora_and_qlora_benchmarks_train_the_same_adapters_as_peft_beside_the_ba
     """--method lora: the trainer and transformers' Trainer on peft's get_peft_model train the same adapter
     parameters; --method qlora runs the trainer alone on the NF4 base (the baseline would need bitsandbytes)."""
     small = ["--model-shape", "tiny", "--seq-len", "32", "--global-batch-size", "2", "--hf-micro-batch-size", "2",
-             "--steps", "1", "--warmup", "0", "--lora-rank", "4"]
+             "--steps", "1", "--warmup", "0", "--lora-rank", "4", *SMALL_PEAK]
     assert bench_main([*small, "--method", "lora"]) == 0
     lora = _lines(capsys.readouterr().out)
     assert {lora[s]["method"] for s in ("trainer", "hf_trainer")} == {"lora"}

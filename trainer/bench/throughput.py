@@ -57,6 +57,9 @@ def _parser(prog: str = "python -m trainer.bench") -> argparse.ArgumentParser:
     p.add_argument("--attn", default="sdpa", help="trainer attention implementation")
     p.add_argument("--attn-baseline", default="sdpa", help="Trainer attention implementation")
     p.add_argument("--peak-tflops", type=float, default=None, help="datasheet peak override (default: by GPU name)")
+    p.add_argument("--matmul-size", type=int, default=None,
+                   help="side of the square matmul that measures the peak (default: 8192 on a GPU, 2048 on a CPU, "
+                        "the smallest that reaches it; smaller measures faster and lower)")
     return p
 
 
@@ -74,6 +77,8 @@ def _check(args) -> None:
             raise BenchError(f"--{name.replace('_', '-')} = {getattr(args, name)}: must be at least 1")
     if args.warmup < 0:
         raise BenchError(f"--warmup = {args.warmup}: must be 0 or more")
+    if args.matmul_size is not None and args.matmul_size < 1:
+        raise BenchError(f"--matmul-size = {args.matmul_size}: must be at least 1 (or left out for the default)")
     if args.micro_batch_size != "auto":
         if not str(args.micro_batch_size).isdigit() or int(args.micro_batch_size) < 1 \
                 or args.global_batch_size % int(args.micro_batch_size):
@@ -85,6 +90,11 @@ def _check(args) -> None:
     unknown = [s for s in args.setups.split(",") if s not in SETUPS]
     if unknown:
         raise BenchError(f"--setups: unknown {', '.join(unknown)}; use a comma-separated list of {', '.join(SETUPS)}")
+
+
+def significant(x: float, digits: int = 4) -> float:
+    """Rounded to `digits` significant figures: a CPU's peak is a few hundredths of a TFLOP/s, a ratio may be 0.01."""
+    return float(f"{x:.{digits}g}")
 
 
 def _record(setup: str, result: dict, *, args, fpt: float, peak: dict, datasheet: float | None,
@@ -99,7 +109,7 @@ def _record(setup: str, result: dict, *, args, fpt: float, peak: dict, datasheet
             "tokens_per_s": round(tps, 1), "gflop_per_token": round(fpt / 1e9, 4),
             "mfu_measured_peak": round(tps * fpt / peak["flops"], 4),
             "mfu_datasheet_peak": round(tps * fpt / datasheet, 4) if datasheet else None,
-            "measured_peak_tflops": round(peak["flops"] / 1e12, 2),
+            "measured_peak_tflops": significant(peak["flops"] / 1e12),
             "datasheet_peak_tflops": round(datasheet / 1e12, 1) if datasheet else None, **result}
 
 
@@ -110,10 +120,10 @@ def main(argv: Sequence[str]) -> int:
         torch.backends.cuda.matmul.allow_tf32 = True
     config = model_config(args.model_shape)
     fpt = flops_lib.flops_per_token(config, args.seq_len)
-    peak = flops_lib.measure_matmul_peak()
+    peak = flops_lib.measure_matmul_peak(size=args.matmul_size)
     datasheet = flops_lib.device_peak_flops(args.peak_tflops)
     emit({"setup": "matmul_peak", "device": device_name(), "dtype": peak["dtype"], "size": peak["size"],
-          "measured_peak_tflops": round(peak["flops"] / 1e12, 2),
+          "measured_peak_tflops": significant(peak["flops"] / 1e12),
           "datasheet_peak_tflops": round(datasheet / 1e12, 1) if datasheet else None})
     results = {}
     setups = args.setups.split(",")
@@ -138,7 +148,7 @@ def main(argv: Sequence[str]) -> int:
             emit_error(setup, e)
     if "hf_trainer" in results and "trainer" in results:
         emit({"setup": "summary", "speedup_vs_hf_trainer":
-              float(f'{results["trainer"]["tokens_per_s"] / results["hf_trainer"]["tokens_per_s"]:.4g}'),
+              significant(results["trainer"]["tokens_per_s"] / results["hf_trainer"]["tokens_per_s"]),
               "trainer_tokens_per_s": results["trainer"]["tokens_per_s"],
               "hf_trainer_tokens_per_s": results["hf_trainer"]["tokens_per_s"]})
     if dist.is_initialized():
