@@ -48,12 +48,20 @@ def strict_raycluster_schema(raycluster_schema) -> jsonschema.Validator:
 
 
 
+# The Ray tests in two groups, each on its own xdist worker with its own session cluster: one stream of Ray runs
+# leaves a core idle between its runs' bursts, two keep both busy. Split by measured time (pytest --durations,
+# -m ray -n 0): the runs that share the fault-tolerance reference run stay together (reference_runs trains it
+# once per process); every other module is in the default group.
+RAY_GROUP_OF_MODULE = {name: "ray-reference" for name in (
+    "test_fault_tolerance", "test_user_errors_on_ray", "test_s3_storage", "test_hybrid", "test_trl_recipes")}
+
+
 def pytest_itemcollected(item):
     """Every test that needs the session's Ray cluster is a `ray` test: `pytest -m "not ray"` is the fast tier.
 
-    Under pytest-xdist (pytest.ini: `--dist loadgroup`) the `ray` tests are one group, run by one worker in file
-    order: one session cluster, each module's shared runs reused, while the other workers run the rest. Marked as
+    Under pytest-xdist (pytest.ini: `--dist loadgroup`) each Ray group runs on one worker in file order: one
+    session cluster per group, each module's shared runs reused, while the other tests fill the gaps. Marked as
     each item is collected, before any collection_modifyitems hook (xdist's reads the groups in its own)."""
     if "ray_cluster" in getattr(item, "fixturenames", ()):
         item.add_marker(pytest.mark.ray)
-        item.add_marker(pytest.mark.xdist_group("ray"))
+        item.add_marker(pytest.mark.xdist_group(RAY_GROUP_OF_MODULE.get(item.module.__name__.rsplit(".", 1)[-1], "ray")))
