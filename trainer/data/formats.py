@@ -31,11 +31,13 @@ is then refused.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import inspect
 import json
 import re
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -260,13 +262,24 @@ def _chat_pair(record: dict, where: str) -> tuple[str, str] | None:
 _PROBE = "zqxprobe"
 
 
-def _spans_to_mask(offsets: Any, spans: list[tuple[int, int]]) -> list[bool]:
-    """Tokens whose characters overlap a span (the rule of transformers' assistant mask: char_to_token)."""
-    if not spans or not len(offsets):
-        return [False] * len(offsets)
-    at = np.asarray(offsets, np.int64).reshape(-1, 2)
-    s, e = np.asarray(spans, np.int64).T
-    return ((at[:, :1] < e) & (at[:, 1:] > s)).any(axis=1).tolist()
+def _spans_to_mask(offsets: Sequence[tuple[int, int]], spans: list[tuple[int, int]]) -> list[bool]:
+    """Tokens whose characters overlap a span (the rule of transformers' assistant mask: char_to_token).
+
+    Where the tokens' starts and ends both never decrease (the usual case), the tokens overlapping [s, e)
+    are exactly those from the first ending after s to the last starting before e: two bisections per span.
+    Otherwise every token is compared with every span (numpy)."""
+    mask = [False] * len(offsets)
+    if not spans or not offsets:
+        return mask
+    starts, ends = list(map(itemgetter(0), offsets)), list(map(itemgetter(1), offsets))
+    if starts == sorted(starts) and ends == sorted(ends):
+        for s, e in spans:
+            lo, hi = bisect.bisect_right(ends, s), bisect.bisect_left(starts, e)
+            mask[lo:hi] = [True] * max(0, hi - lo)
+        return mask
+    a, b = np.asarray(starts)[:, None], np.asarray(ends)[:, None]
+    s, e = np.asarray(spans).T
+    return ((a < e) & (b > s)).any(axis=1).tolist()
 
 
 def _empty_turn(message: dict) -> bool:
