@@ -175,7 +175,7 @@ def test_a_loop_local_templates_prefixes_all_come_from_one_render(name):
     template = TEMPLATES.get(name) or (TRL_TEMPLATES / f"{name}.jinja").read_text()
     tok = byte_tokenizer(template)
     checked = 0
-    for messages in CONVERSATIONS:
+    for messages in nonempty(CONVERSATIONS, "conversations"):
         messages = [{**m, "content": m["content"] if isinstance(m["content"], str) else
                      "".join(p["text"] for p in m["content"])} for m in messages if "tool_calls" not in m]
         for kw in ({}, {"enable_thinking": False}):
@@ -215,3 +215,16 @@ def test_templates_whose_prefixes_do_not_follow_from_one_render_are_rendered_pre
     assert prefix_renders(CHATML, [{"role": "user", "content": "\ufdd0"}], context(tok)) is None
     assert prefix_renders(CHATML, messages, context(tok)) is not None
 
+
+
+def test_the_tokenize_benchmark_prints_one_line_per_path_all_identical(capsys):
+    from trainer.bench import main as bench_main
+
+    assert bench_main(["tokenize", "--records", "6", "--tokens", "200", "--repeat", "1"]) == 0
+    header, *lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert header["tokenizer_threads"] is False and header["template"] == "own"
+    paths = {line["path"]: line for line in lines}
+    assert {"encode", "batched"} <= set(paths) <= {"before", "encode", "batched"}
+    for line in nonempty(lines, "paths"):
+        assert line["identical"] is True and line["records"] == 6 and line["us_per_token"] > 0
+    assert 100 < paths["batched"]["tokens"] / 6 < 400  # about --tokens tokens a record

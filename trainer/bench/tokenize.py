@@ -10,12 +10,15 @@ Paths, one JSON line each: `before` is Renderer.encode per record of another for
 FILE; by default main's, read with git, when it differs from this one), `encode` is this one's per
 record, `batched` is packing.tokenize (Renderer.encode_batch). Each line says whether its ids and
 masks are identical to the first path's. One core unless --threads (the Rust tokenizer's batch path
-then spreads over the cores). Numbers to read, not to assert: the best of --repeat interleaved runs.
+then spreads over the cores, and its CPU time is the sum over them). µs per token are of the process's
+CPU time, which other programs on the machine barely change; wall times are shown too. Numbers to
+read, not to assert: the best of --repeat interleaved runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import json
 import os
@@ -26,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Sequence
+
+import numpy as np
 
 from facts.errors import UserError
 
@@ -88,16 +93,23 @@ def _load(path: Path):
     return module
 
 
-def _timed(run) -> tuple[list, float]:
-    start = time.perf_counter()
-    out = list(run())
-    return out, time.perf_counter() - start
+def _timed(run) -> tuple[list, float, float]:
+    """The run's (ids, mask) as arrays, as packing keeps them (so no path pays for another's garbage), its
+    process CPU seconds (every thread: the cost per core, whatever else the machine runs) and wall seconds."""
+    gc.collect()
+    wall, cpu = time.perf_counter(), time.process_time()
+    out = [(np.asarray(ids, np.int32), np.asarray(mask, bool)) for ids, mask in run()]
+    return out, time.process_time() - cpu, time.perf_counter() - wall
+
+
+def _same(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(np.array_equal(x, y) and np.array_equal(m, n) for (x, m), (y, n) in zip(a, b, strict=False))
 
 
 def measure(records: list[dict], tok, before: Path | None = None, train_on: str = "completion",
             repeat: int = 3) -> list[dict]:
-    """One line per path: its best of `repeat` interleaved runs (seconds, µs per token, records per second)
-    and whether its ids and masks are identical to the first path's."""
+    """One line per path: its best of `repeat` interleaved runs (CPU and wall seconds, µs of CPU per token,
+    records per CPU second) and whether its ids and masks are identical to the first path's."""
     from trainer.data import formats, packing
 
     where = "dataset 'bench' record "
@@ -114,22 +126,23 @@ def measure(records: list[dict], tok, before: Path | None = None, train_on: str 
     for _, run in paths:
         for _ in zip(run(), range(20), strict=False):  # warm: templates compiled, probes asked
             pass
-    best: dict[str, float] = {}
+    best: dict[str, tuple[float, float]] = {}
     outputs: dict[str, list] = {}
     for _ in range(max(1, repeat)):
         for name, run in paths:
-            outputs[name], seconds = _timed(run)
-            best[name] = min(seconds, best.get(name, seconds))
+            outputs[name], cpu, wall = _timed(run)
+            best[name] = min((cpu, wall), best.get(name, (cpu, wall)))
     reference = outputs[paths[0][0]]
     lines = []
     for name, _ in paths:
         tokens = sum(len(ids) for ids, _ in outputs[name])
-        lines.append({"path": name, "records": len(outputs[name]), "tokens": tokens,
-                      "seconds": round(best[name], 3), "us_per_token": round(best[name] / tokens * 1e6, 3),
-                      "records_per_s": round(len(outputs[name]) / best[name], 1),
-                      "identical": outputs[name] == reference})
+        cpu, wall = best[name]
+        lines.append({"path": name, "records": len(outputs[name]), "tokens": tokens, "cpu_s": round(cpu, 3),
+                      "wall_s": round(wall, 3), "us_per_token": round(cpu / tokens * 1e6, 3),
+                      "wall_us_per_token": round(wall / tokens * 1e6, 3),
+                      "records_per_cpu_s": round(len(outputs[name]) / cpu, 1),
+                      "identical": _same(outputs[name], reference)})
     return lines
-
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m trainer.bench tokenize", description=__doc__.split("\n")[0])
