@@ -537,7 +537,8 @@ class Renderer:
                 at.append(((special, offsets), len(group)))
                 group.append(text)
             places.append(at)
-        encoded = {key: self.tok(texts, add_special_tokens=key[0], return_offsets_mapping=key[1])
+        encoded = {key: self.tok(texts, add_special_tokens=key[0], return_offsets_mapping=key[1],
+                                 return_attention_mask=False, return_token_type_ids=False)  # unused lists
                    for key, texts in groups.items()}
         return [job.finish([(encoded[key], i) for key, i in at]) for job, at in zip(jobs, places, strict=True)]
 
