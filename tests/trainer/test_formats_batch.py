@@ -228,3 +228,25 @@ def test_the_tokenize_benchmark_prints_one_line_per_path_all_identical(capsys):
     for line in nonempty(lines, "paths"):
         assert line["identical"] is True and line["records"] == 6 and line["us_per_token"] > 0
     assert 100 < paths["batched"]["tokens"] / 6 < 400  # about --tokens tokens a record
+
+
+def test_every_trl_template_batched_and_from_one_render_gives_what_record_by_record_and_prefix_by_prefix_give():
+    """Each template TRL ships (read here, not listed): where its prefixes come from one render they are
+    transformers' own, and packing.tokenize gives every record's own tokens, mask or error."""
+    one_render = 0
+    for path in nonempty(sorted(TRL_TEMPLATES.glob("*.jinja")), "TRL chat templates"):
+        template = path.read_text()
+        tok = byte_tokenizer(template)
+        messages = SYSTEM_MULTI_TURN["messages"]
+        render = prefix_renders(template, messages, context(tok))
+        if render is not None:
+            want = prefixes_by_transformers(tok, messages)
+            assert {key: render(*key) for key in want} == want, path.name
+            one_render += 1
+        for train_on in ("completion", "all"):
+            alone = [outcome(Renderer(tok, train_on), r, i) for i, r in enumerate(RECORDS)]
+            first_bad = next((i for i, o in enumerate(alone) if isinstance(o, str)), len(alone))
+            out, error = tokenized(Renderer(tok, train_on), RECORDS, batch=5)
+            expected_error = alone[first_bad] if first_bad < len(alone) else None
+            assert (out, error) == (alone[:first_bad], expected_error), (path.name, train_on)
+    assert one_render >= 4  # gemma, phi3, phi3_5, idefics3, smolvlm: their prefixes from one render

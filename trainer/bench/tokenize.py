@@ -1,11 +1,12 @@
 """Tokenizing and masking per core: µs per token of generated chat records, before and after.
 
-    python -m trainer.bench tokenize [--records 2000] [--tokens 860] [--tokenizer FOLDER] [--before FILE]
-                                     [--train-on completion] [--repeat 3] [--threads]
+    python -m trainer.bench tokenize [--records 2000] [--tokens 860] [--tokenizer FOLDER] [--chat-template FILE]
+                                     [--before FILE] [--train-on completion] [--repeat 3] [--threads]
 
 Records: a system prompt and two user/assistant turns of seeded random words, about --tokens
-tokens each. The tokenizer is FOLDER (anything AutoTokenizer loads offline; its own chat template,
-else Qwen2's ChatML one, which has no {% generation %} markers), or the demo's character tokenizer.
+tokens each. The tokenizer is FOLDER (anything AutoTokenizer loads offline) or the demo's character
+tokenizer; the template is --chat-template FILE, else the tokenizer's own, else Qwen2's ChatML one
+(no {% generation %} markers).
 Paths, one JSON line each: `before` is Renderer.encode per record of another formats.py (--before
 FILE; by default main's, read with git, when it differs from this one), `encode` is this one's per
 record, `batched` is packing.tokenize (Renderer.encode_batch). Each line says whether its ids and
@@ -57,7 +58,7 @@ def chat_records(n: int, words: int, seed: int = 0) -> list[dict]:
                           for r, s in zip(roles, shares, strict=True)]} for _ in range(n)]
 
 
-def _tokenizer(folder: str | None):
+def _tokenizer(folder: str | None, template: str | None = None):
     if folder is None:
         from trainer import demo
 
@@ -66,7 +67,9 @@ def _tokenizer(folder: str | None):
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(folder)
-    if not getattr(tok, "chat_template", None):
+    if template is not None:
+        tok.chat_template = template
+    elif not getattr(tok, "chat_template", None):
         tok.chat_template = QWEN2_TEMPLATE
     return tok
 
@@ -149,6 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--records", type=int, default=2000)
     p.add_argument("--tokens", type=int, default=860, help="about this many tokens per record")
     p.add_argument("--tokenizer", help="a tokenizer folder (default: the demo's character tokenizer)")
+    p.add_argument("--chat-template", help="a Jinja file to render the records with instead")
     p.add_argument("--before", help="another formats.py to time as `before` (default: main's, from git)")
     p.add_argument("--train-on", default="completion", choices=("completion", "completion_only", "all"))
     p.add_argument("--repeat", type=int, default=3, help="runs of each path, interleaved; the best is shown")
@@ -158,14 +162,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ["TOKENIZERS_PARALLELISM"] = "true" if args.threads else "false"
     if args.records < 1 or args.tokens < 20:
         raise UserError(f"--records must be >= 1 and --tokens >= 20, got {args.records} and {args.tokens}")
-    tok = _tokenizer(args.tokenizer)
+    template = Path(args.chat_template).read_text() if args.chat_template else None
+    tok = _tokenizer(args.tokenizer, template)
     sample = chat_records(1, 1000)[0]["messages"]
     per_word = len(tok.apply_chat_template(sample, tokenize=True, return_dict=True)["input_ids"]) / 1000
     records = chat_records(args.records, int(args.tokens / per_word))
     before = Path(args.before) if args.before else _main_formats(Path(__file__).resolve().parents[2])
     print(json.dumps({"tokenizer": args.tokenizer or "demo (characters)", "vocab": len(tok),
                       "tokenizer_threads": args.threads, "train_on": args.train_on,
-                      "template": "own" if tok.chat_template != QWEN2_TEMPLATE else "qwen2",
+                      "template": args.chat_template or ("qwen2" if tok.chat_template == QWEN2_TEMPLATE else "own"),
                       "before": str(before) if before else None}), flush=True)
     for line in measure(records, tok, before, args.train_on, args.repeat):
         print(json.dumps(line), flush=True)
