@@ -25,8 +25,10 @@ when it has them (transformers' return_assistant_tokens_mask); otherwise, when T
 and ships a training version of the template (`get_training_chat_template`), with that version:
 the conversation is then rendered by it, exactly as TRL's SFTTrainer renders it. Otherwise (no
 TRL, or a template TRL refuses) each turn is what rendering the conversation up to it adds after
-the generation prompt (what the model sees at inference); a template that rewrites earlier turns
-is then refused.
+the generation prompt (what the model sees at inference), all prefixes from one render where the
+template provably allows it (trainer.data.prefix_renders); a template that rewrites earlier turns
+is then refused. `Renderer.encode_batch` gives the same as `encode` per record, with the texts of
+many records tokenized in one call of the fast tokenizer.
 """
 
 from __future__ import annotations
