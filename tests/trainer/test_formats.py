@@ -75,7 +75,10 @@ def ours(tok, rows: list[dict], train_on: str = "completion") -> list[tuple[list
 
     renderer = Renderer(tok, train_on)
     # through Arrow, as the job reads them: unset struct fields come back as None
-    return [renderer.encode(to_example(r, f"record {i}")) for i, r in enumerate(datasets.Dataset.from_list(rows))]
+    examples = [to_example(r, f"record {i}") for i, r in enumerate(datasets.Dataset.from_list(rows))]
+    alone = [renderer.encode(ex) for ex in examples]
+    assert Renderer(tok, train_on).encode_batch(examples) == alone  # the batched path: the same, record for record
+    return alone
 
 
 def trained_text(tok, ids: list[int], mask: list[bool]) -> str:

@@ -5,6 +5,7 @@
     python -m trainer.bench padding [...]    packed trainer vs Trainer with per-batch padding (useful tokens/s)
     python -m trainer.bench comm --instance-type g6.12xlarge --nodes 2    communication estimate per step
     python -m trainer.bench harness [...]    the same training under Ray and under torchrun (CPU)
+    python -m trainer.bench tokenize [...]   records -> (ids, mask) per core, µs per token (trainer.bench.tokenize)
 
 The shape is a named one (Qwen2 configs) or any model's config: a folder with config.json or the
 file itself (only the config is read). Random init and random tokens: nothing is downloaded. It
@@ -22,7 +23,8 @@ from typing import Sequence
 from facts import errors
 
 # the first argument -> the module whose `main(argv)` runs; anything else is the throughput benchmark's flags
-COMMANDS = {"padding": "trainer.bench.padding", "comm": "trainer.bench.comm", "harness": "trainer.bench.harness"}
+COMMANDS = {"padding": "trainer.bench.padding", "comm": "trainer.bench.comm", "harness": "trainer.bench.harness",
+            "tokenize": "trainer.bench.tokenize"}
 WORKER = "harness-worker"  # one torchrun rank of the harness, started by the harness itself
 
 

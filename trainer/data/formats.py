@@ -25,18 +25,27 @@ when it has them (transformers' return_assistant_tokens_mask); otherwise, when T
 and ships a training version of the template (`get_training_chat_template`), with that version:
 the conversation is then rendered by it, exactly as TRL's SFTTrainer renders it. Otherwise (no
 TRL, or a template TRL refuses) each turn is what rendering the conversation up to it adds after
-the generation prompt (what the model sees at inference); a template that rewrites earlier turns
-is then refused.
+the generation prompt (what the model sees at inference), all prefixes from one render where the
+template provably allows it (trainer.data.prefix_renders); a template that rewrites earlier turns
+is then refused. `Renderer.encode_batch` gives the same as `encode` per record, with the texts of
+many records tokenized in one call of the fast tokenizer.
 """
 
 from __future__ import annotations
 
+import bisect
+import functools
+import inspect
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from operator import itemgetter
+from typing import Any, Callable, Sequence
+
+import numpy as np
 
 from facts.errors import UserError, first_line
+from trainer.data.prefix_renders import prefix_renders
 
 ROLES = ("system", "user", "assistant", "tool")
 TRAIN_ON = ("completion", "completion_only", "all")
@@ -255,14 +264,24 @@ def _chat_pair(record: dict, where: str) -> tuple[str, str] | None:
 _PROBE = "zqxprobe"
 
 
-def _spans_to_mask(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[bool]:
-    """Tokens whose characters overlap a span (the rule of transformers' assistant mask: char_to_token)."""
+def _spans_to_mask(offsets: Sequence[tuple[int, int]], spans: list[tuple[int, int]]) -> list[bool]:
+    """Tokens whose characters overlap a span (the rule of transformers' assistant mask: char_to_token).
+
+    Where the tokens' starts and ends both never decrease (the usual case), the tokens overlapping [s, e)
+    are exactly those from the first ending after s to the last starting before e: two bisections per span.
+    Otherwise every token is compared with every span (numpy)."""
     mask = [False] * len(offsets)
-    for s, e in spans:
-        for t, (a, b) in enumerate(offsets):
-            if a < e and b > s:
-                mask[t] = True
-    return mask
+    if not spans or not offsets:
+        return mask
+    starts, ends = list(map(itemgetter(0), offsets)), list(map(itemgetter(1), offsets))
+    if starts == sorted(starts) and ends == sorted(ends):
+        for s, e in spans:
+            lo, hi = bisect.bisect_right(ends, s), bisect.bisect_left(starts, e)
+            mask[lo:hi] = [True] * max(0, hi - lo)
+        return mask
+    a, b = np.asarray(starts)[:, None], np.asarray(ends)[:, None]
+    s, e = np.asarray(spans).T
+    return ((a < e) & (b > s)).any(axis=1).tolist()
 
 
 def _empty_turn(message: dict) -> bool:
@@ -274,12 +293,37 @@ def _empty_turn(message: dict) -> bool:
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
+    if b[:len(a)] == a:  # the usual case: the prompt's tokens start the whole record's
+        return len(a)
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(differ[0]) if len(differ) else n
+
+
+@dataclass
+class _Job:
+    """One record's texts to tokenize, as (text, add_special_tokens, offsets), and what makes its (ids, mask)
+    of their tokens ((the tokenizer's batch output, the text's index in it), one per text)."""
+
+    texts: list[tuple[str, bool, bool]]
+    finish: Callable[[list[tuple[Any, int]]], tuple[list[int], list[bool]]]
+
+
+def _ready(done: tuple[list[int], list[bool]]) -> _Job:
+    return _Job([], lambda _: done)
+
+
+def _ids(tokens: tuple[Any, int]) -> list[int]:
+    return tokens[0]["input_ids"][tokens[1]]
+
+
+def _offsets(tokens: tuple[Any, int]) -> list[tuple[int, int]]:
+    return tokens[0]["offset_mapping"][tokens[1]]
+
+
+def _all_trained(tokens: tuple[Any, int]) -> tuple[list[int], list[bool]]:
+    ids = list(_ids(tokens))
+    return ids, [True] * len(ids)
 
 
 class Renderer:
@@ -380,19 +424,46 @@ class Renderer:
     # -- encoding
     def encode(self, ex: Example) -> tuple[list[int], list[bool]]:
         """Token ids of the rendered record and which of them are trained."""
+        return self._guarded(ex, self._encode)
+
+    def encode_batch(self, examples: Sequence[Example]) -> list[tuple[list[int], list[bool]]]:
+        """encode() of each example, with the texts of all of them tokenized in one call (a fast tokenizer's
+        Rust batch path); the first record that fails raises what encode() raises for it."""
+        if not getattr(self.tok, "is_fast", False):
+            return [self.encode(ex) for ex in examples]
+        jobs: list[_Job] = []
+        failure = None
+        for ex in examples:
+            try:
+                jobs.append(self._guarded(ex, self._plan))
+            except Exception as e:  # noqa: BLE001 - raised once the records before it are done
+                failure = e
+                break
+        try:
+            done = self._run(jobs)
+        except Exception:  # noqa: BLE001 - one record's problem: encode() record by record names that record
+            done = [self.encode(ex) for ex in examples[:len(jobs)]]
+        if failure is not None:
+            raise failure
+        return done
+
+    def _guarded(self, ex: Example, step: Callable[[Example], Any]) -> Any:
         if ex.conversational and not self.has_template:
             raise DataError("the tokenizer has no chat template, so conversational records cannot be rendered; "
                             "pass one with --chat-template FILE (a Jinja file), or use a tokenizer that has one")
         try:
-            if ex.kind == "text":
-                return self._encode_text(ex)
-            if ex.kind == "prompt_completion":
-                return self._encode_prompt_completion(ex)
-            return self._encode_messages(ex)
+            return step(ex)
         except DataError:
             raise
         except Exception as e:  # noqa: BLE001 - jinja and tokenizer errors, named with the record
             raise self._template_error(ex, e) from None
+
+    def _encode(self, ex: Example) -> tuple[list[int], list[bool]]:
+        if ex.kind == "text":
+            return self._encode_text(ex)
+        if ex.kind == "prompt_completion":
+            return self._encode_prompt_completion(ex)
+        return self._encode_messages(ex)
 
     def _eos(self, text: str) -> str:
         eos = self.tok.eos_token
@@ -423,21 +494,91 @@ class Renderer:
                 if assistant:  # TRL: the completion mask and the assistant mask, both
                     mask = [m and bool(a) for m, a in zip(mask, out["assistant_masks"], strict=True)]
                 return ids, mask
-        else:
-            prompt_ids = self.tok(text=ex.prompt)["input_ids"]
-            ids = self.tok(text=ex.prompt + self._eos(ex.completion))["input_ids"]
+            return ids, [True] * len(ids)
+        prompt_ids = self.tok(text=ex.prompt)["input_ids"]
+        return self._after_prompt(prompt_ids, self.tok(text=ex.prompt + self._eos(ex.completion))["input_ids"])
+
+    def _after_prompt(self, prompt_ids: list[int], ids: list[int]) -> tuple[list[int], list[bool]]:
+        """A standard prompt/completion record's ids, trained from where they stop being the prompt's."""
         ids = list(ids)
         if self.train_on == "all":
             return ids, [True] * len(ids)
         start = _common_prefix(list(prompt_ids), ids)
         return ids, [False] * start + [True] * (len(ids) - start)
 
-    def _encode_messages(self, ex: Example) -> tuple[list[int], list[bool]]:
+    # -- the batch path: each record's texts, tokenized together, then its (ids, mask) made of them
+    def _plan(self, ex: Example) -> _Job:
+        if ex.kind == "text":
+            return _Job([(self._eos(ex.text), True, False)], lambda t: _all_trained(t[0]))
+        if ex.kind == "prompt_completion" and not ex.conversational:
+            texts = [(ex.prompt, True, False), (ex.prompt + self._eos(ex.completion), True, False)]
+            return _Job(texts, lambda t: self._after_prompt(_ids(t[0]), _ids(t[1])))
+        if ex.kind == "prompt_completion":
+            return _ready(self._encode_prompt_completion(ex))
         kw = self._kwargs(ex)
+        if self._template_context(kw) is None:
+            return _ready(self._encode_messages(ex))
         messages = self._prepare(ex, ex.messages, "messages")
         if self.train_on != "completion":
-            ids = list(self._apply(messages, tokenize=True, return_dict=True, **kw)["input_ids"])
-            return ids, [True] * len(ids)
+            return _Job([(self._render(messages, **kw), False, False)], lambda t: _all_trained(t[0]))
+        self._check_assistant_turns(ex, messages)
+        if self.generation_markers:
+            text, generation = self._render_marked(messages, kw)
+            return _Job([(text, False, False)], lambda t: self._marked_mask(ex, t[0], generation))
+        text, spans = self.assistant_spans(ex, messages, kw)
+        return _Job([(text, False, True)], lambda t: (_ids(t[0]), _spans_to_mask(_offsets(t[0]), spans)))
+
+    def _run(self, jobs: list[_Job]) -> list[tuple[list[int], list[bool]]]:
+        """Every job's texts through the tokenizer, one call per kind of call, then each job finished in order."""
+        groups: dict[tuple[bool, bool], list[str]] = {}
+        places = []
+        for job in jobs:
+            at = []
+            for text, special, offsets in job.texts:
+                group = groups.setdefault((special, offsets), [])
+                at.append(((special, offsets), len(group)))
+                group.append(text)
+            places.append(at)
+        encoded = {key: self.tok(texts, add_special_tokens=key[0], return_offsets_mapping=key[1],
+                                 return_attention_mask=False, return_token_type_ids=False)  # unused lists
+                   for key, texts in groups.items()}
+        return [job.finish([(encoded[key], i) for key, i in at]) for job, at in zip(jobs, places, strict=True)]
+
+    def _render_marked(self, messages: list[dict], kw: dict) -> tuple[str, list[tuple[int, int]]]:
+        """The conversation rendered as apply_chat_template renders it, with its {% generation %} spans."""
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        tools = kw.get("tools")
+        rest = {k: v for k, v in kw.items() if k != "tools"}
+        rendered, generation = render_jinja_template(
+            conversations=[messages], tools=tools, documents=None, chat_template=self._template_source(tools),
+            return_assistant_tokens_mask=True, continue_final_message=False, add_generation_prompt=False,
+            **{**self.tok.special_tokens_map, **rest})
+        return rendered[0], generation[0]
+
+    def _marked_mask(self, ex: Example, tokens: tuple[Any, int],
+                     generation: list[tuple[int, int]]) -> tuple[list[int], list[bool]]:
+        """apply_chat_template's assistant mask (its char_to_token rule, quirks included), by slices."""
+        encoding, at = tokens
+        ids = _ids(tokens)
+        mask = [False] * len(ids)
+        for start_char, end_char in generation:
+            start = encoding.char_to_token(at, start_char)
+            end = encoding.char_to_token(at, end_char - 1)
+            if start is None:
+                break
+            stop = end + 1 if end else len(ids)
+            mask[start:stop] = [True] * len(mask[start:stop])
+        if not any(mask):
+            raise self._no_marked_tokens(ex)
+        return ids, mask
+
+    def _no_marked_tokens(self, ex: Example) -> RecordError:
+        return RecordError(f"{ex.where} field messages: the chat template's {{% generation %}} markers mark "
+                           f"no token of this conversation (as TRL finds too); fix the template's markers "
+                           f"(--chat-template FILE), or pass --train-on all")
+
+    def _check_assistant_turns(self, ex: Example, messages: list[dict]) -> None:
         if not any(m["role"] == "assistant" for m in messages):
             raise RecordError(f"{ex.where} field messages: no assistant message to learn from (roles: "
                               f"{', '.join(m['role'] for m in messages)}); add one, or pass --train-on all")
@@ -445,13 +586,19 @@ class Renderer:
             raise RecordError(f"{ex.where} field messages: every assistant message is empty, so only the end of "
                               f"the turn would be trained (the model learns to answer nothing); fill them in, or "
                               f"remove the record")
+
+    def _encode_messages(self, ex: Example) -> tuple[list[int], list[bool]]:
+        kw = self._kwargs(ex)
+        messages = self._prepare(ex, ex.messages, "messages")
+        if self.train_on != "completion":
+            ids = list(self._apply(messages, tokenize=True, return_dict=True, **kw)["input_ids"])
+            return ids, [True] * len(ids)
+        self._check_assistant_turns(ex, messages)
         if self.generation_markers:
             out = self._apply(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True, **kw)
             mask = [bool(b) for b in out["assistant_masks"]]
             if not any(mask):
-                raise RecordError(f"{ex.where} field messages: the chat template's {{% generation %}} markers mark "
-                                  f"no token of this conversation (as TRL finds too); fix the template's markers "
-                                  f"(--chat-template FILE), or pass --train-on all")
+                raise self._no_marked_tokens(ex)
             return list(out["input_ids"]), mask
         text, spans = self.assistant_spans(ex, messages, kw)
         try:
@@ -461,14 +608,34 @@ class Renderer:
         return list(enc["input_ids"]), _spans_to_mask(enc["offset_mapping"], spans)
 
     def assistant_spans(self, ex: Example, messages: list[dict], kw: dict) -> tuple[str, list[tuple[int, int]]]:
-        """The rendered conversation and the character span of each assistant turn, found by prefixes."""
+        """The rendered conversation and the character span of each assistant turn, found by prefixes
+        (all of them from one render where the template provably allows it: trainer.data.prefix_renders)."""
+        render = self._prefix_renders(messages, kw)
+        if render is not None:
+            def prompt_of(i: int) -> str:
+                return render(i, True)
+
+            def full_of(i: int) -> str:
+                return render(i + 1, False)
+
+            def text_of() -> str:
+                return render(len(messages), False)
+        else:
+            def prompt_of(i: int) -> str:
+                return self._render(messages[:i], add_generation_prompt=True, **kw)
+
+            def full_of(i: int) -> str:
+                return self._render(messages[: i + 1], **kw)
+
+            def text_of() -> str:
+                return self._render(messages, **kw)
         spans: list[tuple[int, int]] = []
         done = ""
         for i, m in enumerate(messages):
             if m["role"] != "assistant":
                 continue
-            prompt = self._render(messages[:i], add_generation_prompt=True, **kw) if i else ""
-            full = self._render(messages[: i + 1], **kw)
+            prompt = prompt_of(i) if i else ""
+            full = full_of(i)
             if not prompt.startswith(done) or not full.startswith(prompt):
                 raise RecordError(f"{ex.where} field messages[{i}]: the chat template renders earlier turns "
                                   f"differently once later ones follow (it rewrites history, e.g. drops reasoning), "
@@ -476,12 +643,31 @@ class Renderer:
                                   f"{{% generation %}} markers (--chat-template FILE), or --train-on all")
             spans.append((len(prompt), len(full)))
             done = full
-        text = self._render(messages, **kw)
+        text = text_of()
         if not text.startswith(done):
             raise RecordError(f"{ex.where} field messages: the chat template renders the assistant turns "
                               f"differently once later messages follow; use a template with {{% generation %}} "
                               f"markers (--chat-template FILE), or --train-on all")
         return text, spans
+
+    def _template_source(self, tools: list[dict] | None) -> str:
+        """The template text apply_chat_template renders these records with (`_apply`'s choice)."""
+        template = self.training_template() if self.train_on == "completion" else None
+        return self.tok.get_chat_template(template, tools)
+
+    def _template_context(self, kw: dict) -> dict | None:
+        """The variables apply_chat_template gives the template besides messages and add_generation_prompt;
+        None when a record's template kwargs name one of its own parameters (it would take them itself)."""
+        rest = {k: v for k, v in kw.items() if k != "tools"}
+        if rest.keys() & _own_parameters():
+            return None
+        return {"tools": kw.get("tools"), "documents": None, **self.tok.special_tokens_map, **rest}
+
+    def _prefix_renders(self, messages: list[dict], kw: dict) -> Callable[[int, bool], str] | None:
+        context = self._template_context(kw)
+        if context is None:
+            return None
+        return prefix_renders(self._template_source(kw.get("tools")), messages, context)
 
     def _encode_segments(self, text: str, spans: list[tuple[int, int]]) -> tuple[list[int], list[bool]]:
         ids: list[int] = []
@@ -495,6 +681,16 @@ class Renderer:
                     mask += [trained] * len(seg)
             at = e
         return ids, mask
+
+
+@functools.cache
+def _own_parameters() -> frozenset[str]:
+    """Names apply_chat_template (and transformers' renderer) take for themselves, not as template variables."""
+    from transformers import PreTrainedTokenizerBase
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    return frozenset({*inspect.signature(PreTrainedTokenizerBase.apply_chat_template).parameters,
+                      *inspect.signature(render_jinja_template).parameters, "messages"}) - {"kwargs"}
 
 
 def trl_training_template(tokenizer) -> str | None:

@@ -98,10 +98,34 @@ def _numbers(rows: list[int], shown: int = 8) -> str:
     return ", ".join(map(str, rows[:shown])) + (f" and {len(rows) - shown} more" if len(rows) > shown else "")
 
 
-def tokenize(records: Iterable[dict], renderer: Renderer, spec: str,
-             text_field: str = "text") -> Iterator[tuple[list[int], list[bool]]]:
-    for ex in examples(records, spec, text_field):
-        yield renderer.encode(ex)
+def tokenize(records: Iterable[dict], renderer: Renderer, spec: str, text_field: str = "text",
+             batch: int = 256) -> Iterator[tuple[list[int], list[bool]]]:
+    """Each record's (ids, mask), in order, `batch` records per tokenizer call (Renderer.encode_batch); a bad
+    record raises its own error once the records before it are out, as record by record."""
+    parsed = examples(records, spec, text_field)
+    while True:
+        chunk: list[Example] = []
+        failure = None
+        try:
+            for ex in parsed:
+                chunk.append(ex)
+                if len(chunk) == batch:
+                    break
+        except Exception as e:  # noqa: BLE001 - the record that does not parse: after the ones before it
+            failure = e
+        try:
+            done = renderer.encode_batch(chunk)
+        except Exception:  # noqa: BLE001 - record by record, so the records before the bad one come out first
+            done = None
+        if done is None:
+            for ex in chunk:
+                yield renderer.encode(ex)
+        else:
+            yield from done
+        if failure is not None:
+            raise failure
+        if len(chunk) < batch:
+            return
 
 
 # ---------------------------------------------------------------- packing
