@@ -136,3 +136,23 @@ def nonempty_notes(info: dict) -> list[str]:
     from tests.guards import nonempty
 
     return nonempty(info["notes"], "pre-flight notes")
+
+
+def test_the_stack_tells_each_pools_disk_and_submit_hands_it_to_the_check():
+    """deploy.program.pool_outputs writes diskSizeGib; `submit --stack` reads it into --node-disk-gib, `plan --stack`
+    into the target; a stack deployed before the output leaves it unset (not checked, the plan assumes 200)."""
+    from deploy.config import load
+    from deploy.program import pool_outputs
+    from facts import outputs as names
+    from trainer.submit.target import gpu_pools, stack_defaults
+
+    cfg = load({"aws:region": "us-east-1", "raytrain-eks:apiAccessCidrs": ["203.0.113.10/32"],
+                "raytrain-eks:nodePools": {"system": {"instanceType": "m7i.xlarge", "maxSize": 1},
+                                           "gpu": {"instanceType": "g6.12xlarge", "maxSize": 2, "diskSize": 800}}},
+               stack="dev")
+    written = pool_outputs(cfg)
+    assert written["gpu"][names.POOL_DISK_SIZE_GIB] == 800 and written["system"][names.POOL_DISK_SIZE_GIB] == 50
+    (pool,) = gpu_pools({names.NODE_POOLS: written})
+    assert (pool.name, pool.disk_gib) == ("gpu", 800) and stack_defaults({}, pool)["node_disk_gib"] == 800
+    older = {k: v for k, v in written["gpu"].items() if k != names.POOL_DISK_SIZE_GIB}
+    assert gpu_pools({names.NODE_POOLS: {"gpu": older}})[0].disk_gib is None
