@@ -137,7 +137,9 @@ def test_a_local_file_is_sampled_from_its_first_lines_and_a_short_one_is_counted
     path.write_bytes(_jsonl(ROWS[:2500]))
     got = sources.sample(str(path), limit=100)
     assert got.records == load_records(str(path), limit=100) and got.bytes_read < path.stat().st_size / 3
-    assert sources.sample(str(path), "train[:7]", limit=100).records == ROWS[:7]
+    sliced = sources.sample(str(path), "train[:7]", limit=100)
+    assert sliced.records == ROWS[:7] and sliced.size.count == 7 and "at most 7 by --dataset-split" in sliced.size.how
+    assert sources.sample(str(path), "train[:2000]", limit=100).size.count == 2000
     whole = sources.sample(str(path), limit=2500)
     assert whole.size.records == 2500 and whole.size.how == "the sample reached the end of the file"
     assert sources.sample(str(path), limit=3000).records == ROWS[:2500]

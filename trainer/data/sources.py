@@ -404,7 +404,7 @@ def content_hash(path: Path, cache_dir: str | Path | None = None) -> str:
 # ---------------------------------------------------------------- the pre-flight's sample
 
 STREAMED = ("json", "parquet", "text")  # builders whose first records can be read without the rest
-_STREAM_CODECS = {".gz": "gzip", ".bz2": "bz2"}  # what pyarrow decompresses as a stream and Python writes back
+_STREAM_CODECS = {".gz": "gzip", ".bz2": "bz2"}  # what the standard library inflates as it comes and writes back
 _FIRST_BLOCK, _LAST_BLOCK = 1 << 14, 1 << 20  # each read twice the last: few requests, little read past the sample
 
 
@@ -460,6 +460,11 @@ def sample(spec: str, split: str = "train", *, config: str | None = None, storag
         rows = records(head, cache_dir=Path(tmp) / "cache") if got else []
     if not rows:
         raise DataError(f"{source.label}: is empty; it needs at least one record")
+    sliced = _SPLIT.match(split).group(3)
+    if sliced:  # train[:N]: at most N of the file's records
+        size = Size(None if size.records is None else min(size.records, int(sliced)), size.stored_bytes,
+                    None if size.estimated_records is None else min(size.estimated_records, int(sliced)),
+                    f"{size.how}, at most {int(sliced):,} by --dataset-split {split}")
     return Sample(rows[:limit], size, read)
 
 
