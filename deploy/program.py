@@ -55,6 +55,7 @@ def pool_outputs(cfg: StackConfig) -> dict[str, dict]:
     """Every pool, as `trainer submit --stack` reads it (facts.outputs names the keys it relies on)."""
     return {p.name: {names.POOL_INSTANCE_TYPE: p.instance_type, "minSize": p.min_size, names.POOL_MAX_SIZE: p.max_size,
                      names.POOL_GPUS_PER_NODE: p.gpus, "scaleToZero": p.scale_to_zero,
+                     names.POOL_DISK_SIZE_GIB: p.disk_size_gib,
                      names.POOL_RAY_WORKER_GROUP: p.ray_worker_group,
                      names.POOL_RAY_LABELS: ray_facts.pool_labels(p.name) if p.ray_worker_group else {}}
             for p in cfg.node_pools}

@@ -18,6 +18,7 @@ POOL_INSTANCE_TYPE = "instanceType"
 POOL_MAX_SIZE = "maxSize"
 POOL_GPUS_PER_NODE = "gpusPerNode"
 POOL_RAY_WORKER_GROUP = "rayWorkerGroup"  # None: no Ray workers on the pool
+POOL_DISK_SIZE_GIB = "diskSizeGib"  # the root volume of each node: where a node caches the prepared data
 POOL_RAY_LABELS = "rayLabels"  # the Ray node labels of its worker group: what `submit --pool` selects
 DASHBOARD_PORT_FORWARD = "dashboardPortForward"
 ESTIMATED_COST_PER_HOUR = "estimatedCostPerHour"

@@ -25,6 +25,16 @@ NODE_RESERVE_FRACTION = 0.1
 NODE_RESERVE_MIN_CPU = 2
 NODE_RESERVE_MIN_MEMORY_GIB = 8
 
+# A node's root volume (gp3) unless its pool's diskSize says otherwise (infra.node_pools launches it).
+GPU_ROOT_VOLUME_GIB = 200
+CPU_ROOT_VOLUME_GIB = 50
+
+
+def worker_cpus(instance: Any) -> int:
+    """The CPU request and limit of the Ray worker pod on one node of `instance` (workloads.raycluster's worker
+    group): the node's vCPUs less the reserve. What the data preparation can run on."""
+    return instance.vcpus - max(NODE_RESERVE_MIN_CPU, math.ceil(instance.vcpus * NODE_RESERVE_FRACTION))
+
 
 def worker_memory_gib(instance: Any, *, efa: bool = True) -> int:
     """The memory request and limit of the Ray worker pod on one node of `instance` (workloads.raycluster's worker

@@ -17,8 +17,8 @@ from facts import nodes as node_facts
 from facts.nodes import Taint
 
 ROOT_DEVICE = "/dev/xvda"
-GPU_ROOT_VOLUME_GIB = 200
-CPU_ROOT_VOLUME_GIB = 50
+GPU_ROOT_VOLUME_GIB = resources.GPU_ROOT_VOLUME_GIB
+CPU_ROOT_VOLUME_GIB = resources.CPU_ROOT_VOLUME_GIB
 CAPACITY_TYPES = ("ON_DEMAND", "SPOT", "CAPACITY_BLOCK")
 SYSTEM_POOL = "system"  # runs the Ray head, the KubeRay operator, CoreDNS and the Cluster Autoscaler
 NAME = re.compile(r"^[a-z][a-z0-9-]{0,19}$")

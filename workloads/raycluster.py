@@ -16,7 +16,6 @@ the small system node.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 
 from facts import images, resources
@@ -93,8 +92,7 @@ def head_size(system: CpuInstanceType) -> PodSize:
 
 def worker_size(instance: InstanceType, *, efa: bool = True) -> PodSize:
     """The node minus the reserve and, on nodes with EFA, the pre-allocated huge pages."""
-    cpu_reserve = max(NODE_RESERVE_MIN_CPU, math.ceil(instance.vcpus * NODE_RESERVE_FRACTION))
-    return PodSize(cpu=instance.vcpus - cpu_reserve, memory_gib=resources.worker_memory_gib(instance, efa=efa))
+    return PodSize(cpu=resources.worker_cpus(instance), memory_gib=resources.worker_memory_gib(instance, efa=efa))
 
 
 def worker_resources(instance: InstanceType, *, efa: bool = True) -> dict[str, str]:

@@ -212,3 +212,57 @@ def test_lora_and_qlora_benchmarks_train_the_same_adapters_as_peft_beside_the_ba
     assert qlora["trainer"]["trainable_params"] == adapters and qlora["trainer"]["tokens_per_s"] > 0
     assert bench_main([*small, "--method", "qlora", "--setups", "hf_trainer,trainer"]) == 2
     assert "transformers' Trainer has no 4-bit base without bitsandbytes" in capsys.readouterr().err
+
+
+def test_the_data_benchmark_reports_the_single_process_path_with_consistent_numbers(tmp_path, capsys):
+    """`bench data --paths single`: today's packing.prepare in a fresh process; rates from its own records, tokens
+    and seconds, disk_bytes the packed files' sizes, the 10M extrapolation from them."""
+    assert bench_main(["data", "--paths", "single", "--records", "120", "--seq-len", "256", "--out",
+                       str(tmp_path)]) == 0
+    lines = {r["path"]: r for r in _records(capsys.readouterr().out)}
+    assert set(lines) == {"single", "summary"}  # 120 // 4 is under MIN_RECORDS: no quarter-size run
+    r = lines["single"]
+    for key, kind in (("path", str), ("workers", int), ("records", int), ("tokens", int), ("seconds", float),
+                      ("records_per_s", float), ("tokens_per_s", float), ("peak_rss_bytes", int), ("disk_bytes", int)):
+        assert isinstance(r[key], kind), (key, r)
+    assert (r["workers"], r["records"]) == (1, 120)
+    assert 500 * 120 < r["tokens"] < 1300 * 120  # ~860 tokens a record with the demo tokenizer
+    assert r["records_per_s"] == pytest.approx(r["records"] / r["seconds"], rel=1e-2)
+    assert r["tokens_per_s"] == pytest.approx(r["tokens"] / r["seconds"], rel=1e-2)
+    packed = nonempty([p for p in (tmp_path / "cache" / "single-1-120" / "data").rglob("*") if p.is_file()],
+                      "packed files")
+    assert r["disk_bytes"] == sum(p.stat().st_size for p in packed)
+    assert r["rows"] * 256 * 12 < r["disk_bytes"]
+    assert 100 * 2 ** 20 < r["peak_rss_bytes"] < 8 * 2 ** 30
+    s = lines["summary"]
+    assert s["ray_2_vs_1_workers"] is None and s["peak_rss_n_vs_quarter"] == {}
+    assert s["extrapolated"]["single-1"] == {"cpus": 1, "seconds": round(10_000_000 / r["records_per_s"]),
+                                             "disk_bytes": round(r["disk_bytes"] * 10_000_000 / 120)}
+
+
+def test_the_data_benchmarks_ray_path_says_in_one_line_when_it_is_not_there(tmp_path, capsys):
+    from trainer.bench import data
+
+    if data.ray_path_here():
+        pytest.skip("trainer.data.distributed.prepare_on_ray is here: the Ray path runs")
+    assert bench_main(["data", "--paths", "ray", "--records", "120", "--out", str(tmp_path)]) == 1
+    out = _records(capsys.readouterr().out)
+    assert out == [{"path": "ray", "workers": [1, 2], "error": "the Ray path is not here: trainer.data.distributed."
+                    "prepare_on_ray (issue 27) cannot be imported; --paths single runs today's path alone"}]
+    assert not list(tmp_path.glob("chat-*.jsonl"))  # nothing generated for a path that cannot run
+
+
+def test_the_data_benchmarks_chat_records_are_deterministic_and_near_the_target_length():
+    from trainer import demo
+    from trainer.bench import data
+
+    tok = demo.build_tokenizer()
+    words = data.words_for(tok)
+    rows = data.chat_records(300, words_per_record=words, seed=0)
+    assert rows == data.chat_records(300, words_per_record=words, seed=0) != data.chat_records(300, words_per_record=
+                                                                                                  words, seed=1)
+    counts = [len(tok(tok.apply_chat_template(r["messages"], tokenize=False))["input_ids"]) for r in rows]
+    assert 0.85 * 860 < sum(counts) / len(counts) < 1.15 * 860
+    assert max(counts) > 2 * min(counts)  # spread, as chat records are
+    roles = {m["role"] for r in nonempty(rows, "records") for m in r["messages"]}
+    assert roles == {"system", "user", "assistant"}

@@ -6,6 +6,7 @@
     python -m trainer.bench comm --instance-type g6.12xlarge --nodes 2    communication estimate per step
     python -m trainer.bench harness [...]    the same training under Ray and under torchrun (CPU)
     python -m trainer.bench tokenize [...]   records -> (ids, mask) per core, µs per token (trainer.bench.tokenize)
+    python -m trainer.bench data [...]       preparing a chat dataset: single process vs the Ray path
 
 The shape is a named one (Qwen2 configs) or any model's config: a folder with config.json or the
 file itself (only the config is read). Random init and random tokens: nothing is downloaded. It
@@ -24,14 +25,17 @@ from facts import errors
 
 # the first argument -> the module whose `main(argv)` runs; anything else is the throughput benchmark's flags
 COMMANDS = {"padding": "trainer.bench.padding", "comm": "trainer.bench.comm", "harness": "trainer.bench.harness",
-            "tokenize": "trainer.bench.tokenize"}
+            "tokenize": "trainer.bench.tokenize", "data": "trainer.bench.data"}
 WORKER = "harness-worker"  # one torchrun rank of the harness, started by the harness itself
+DATA_WORKER = "data-worker"  # one preparation of the data benchmark in a fresh process
 
 
 def _dispatch(argv: Sequence[str]) -> int:
     argv = list(argv)
     if argv and argv[0] == WORKER:
         return importlib.import_module("trainer.bench.harness").worker_main(argv[1:])
+    if argv and argv[0] == DATA_WORKER:
+        return importlib.import_module("trainer.bench.data").worker_main(argv[1:])
     if argv and argv[0] in COMMANDS:
         return importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
     return importlib.import_module("trainer.bench.throughput").main(argv)

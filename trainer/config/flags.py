@@ -292,6 +292,10 @@ class TrainConfig:
                                check=_pool, result=False,
                                shown_default="unset (any node); `submit --stack`: required when the stack has "
                                              "several GPU pools")
+    node_disk_gib: int | None = setting(None, "root volume of each GPU node, GiB: the prepared data must fit it (with "
+                                              "the system, the image and the model's weights)",
+                                        check=at_least(1), result=False,
+                                        shown_default="unset (not checked); `submit --stack`: the pool's diskSize")
     method: str = setting("full", "what trains: full (every weight), lora (peft's LoRA adapters on the decoder "
                                   "layers' linear layers, the base frozen) or qlora (LoRA on a base whose decoder-layer "
                                   "linear weights are stored as torchao's 4-bit NF4); with lora and qlora checkpoints "

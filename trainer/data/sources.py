@@ -12,16 +12,23 @@ s3:// inputs are copied to the node's cache (trainer.cache) through the run stor
 (pyarrow, the same credentials and endpoint as checkpoints; no s3fs needed), re-fetched when an
 object's size or modification time changes, then read like local ones.
 Splits accept datasets' slicing syntax (`train[:1000]`).
+
+A pre-flight's sample (`sample`: the client's and the driver's check of the first records) reads
+only what those records need from one JSON Lines, text or parquet file, local or s3:// (its first
+lines, or its first row group), and tells the dataset's size from metadata where it has it
+(parquet's row count, a save_to_disk dataset's length), else estimates it from the stored bytes.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
 import re
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -392,3 +399,239 @@ def content_hash(path: Path, cache_dir: str | Path | None = None) -> str:
         tmp.write_text(digest)
         tmp.replace(memo)
     return digest
+
+
+# ---------------------------------------------------------------- the pre-flight's sample
+
+STREAMED = ("json", "parquet", "text")  # builders whose first records can be read without the rest
+_STREAM_CODECS = {".gz": "gzip", ".bz2": "bz2"}  # what the standard library inflates as it comes and writes back
+_FIRST_BLOCK, _LAST_BLOCK = 1 << 14, 1 << 20  # each read twice the last: few requests, little read past the sample
+
+
+@dataclass(frozen=True)
+class Size:
+    """How big the dataset is, found without reading it: `records` where metadata has the count (or the sample
+    reached the end), else `estimated_records` from the stored bytes and the sample's bytes per record."""
+
+    records: int | None = None
+    stored_bytes: int | None = None
+    estimated_records: int | None = None
+    how: str = "unknown"
+
+    @property
+    def count(self) -> int | None:
+        """The record count, or its estimate; None when neither is known (a hub dataset)."""
+        return self.records if self.records is not None else self.estimated_records
+
+    def describe(self) -> str:
+        if self.records is not None:
+            return f"{self.records:,} records ({self.how})"
+        if self.estimated_records is not None:
+            return f"about {self.estimated_records:,} records ({self.how})"
+        return f"an unknown number of records ({self.how})"
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The first records of the split, as `records(source, limit=...)` gives them, the dataset's size, and the bytes
+    read from storage to get them."""
+
+    records: list[dict]
+    size: Size
+    bytes_read: int | None = None
+
+
+def sample(spec: str, split: str = "train", *, config: str | None = None, storage_fs: Any = None, limit: int = 100,
+           cache_dir: str | Path | None = None) -> Sample:
+    """The first `limit` records and the size, reading one JSON Lines / text / parquet file (local or s3://) only
+    as far as those records go; other sources are read as `records` reads them (an s3:// prefix is fetched)."""
+    found = _one_streamable_file(spec, split, storage_fs, limit)
+    if found is None:
+        source = resolve(spec, config=config, split=split, storage_fs=storage_fs, cache_dir=cache_dir)
+        return _opened_sample(source, limit, cache_dir)
+    fs, path, builder, stored, limit = found
+    source = Source(spec, "file", path, config, split, builder)
+    reader = _parquet_head if builder == "parquet" else _lines_head
+    with tempfile.TemporaryDirectory(prefix="trainer-sample-") as tmp:
+        local = Path(tmp) / "head" / path.rpartition("/")[2]
+        local.parent.mkdir()
+        got, size, read = reader(fs, path, local, limit, stored, builder)
+        head = Source(spec, "file", str(local), config, "train", builder)
+        rows = records(head, cache_dir=Path(tmp) / "cache") if got else []
+    if not rows:
+        raise DataError(f"{source.label}: is empty; it needs at least one record")
+    sliced = _SPLIT.match(split).group(3)
+    if sliced:  # train[:N]: at most N of the file's records
+        size = Size(None if size.records is None else min(size.records, int(sliced)), size.stored_bytes,
+                    None if size.estimated_records is None else min(size.estimated_records, int(sliced)),
+                    f"{size.how}, at most {int(sliced):,} by --dataset-split {split}")
+    return Sample(rows[:limit], size, read)
+
+
+def _one_streamable_file(spec: str, split: str, storage_fs: Any, limit: int):
+    """(filesystem, path, builder, stored bytes, records wanted) of a single local or s3:// file whose first
+    records can be read alone, with the split its only one (`train`, or `train[:N]`); else None."""
+    import pyarrow.fs as pafs
+
+    match = _SPLIT.match(split)
+    if mixture.is_mixture(spec) or not match or match.group(1) != "train" or match.group(2) not in (None, "", "0") \
+            or (match.group(3) or "").startswith("-"):
+        return None
+    if match.group(3):
+        limit = min(limit, int(match.group(3)))
+    if spec.startswith("s3://"):
+        parent, _, name = spec.rstrip("/").rpartition("/")
+        store = Storage.from_uri(parent, fs=storage_fs)
+        fs, path = store.fs, store.path(name)
+        info = fs.get_file_info(path)
+        if info.type == pafs.FileType.NotFound:
+            raise DataError(f"dataset {spec!r}: not found in S3; check the bucket and key (and the pod's IAM role)")
+    else:
+        local = Path(spec).expanduser()
+        if not local.is_file():
+            return None
+        fs, path = pafs.LocalFileSystem(), str(local.absolute())
+        info = fs.get_file_info(path)
+    builder = builder_for(path)
+    codec = next((c for ext, c in _STREAM_CODECS.items() if path.lower().endswith(ext)), None)
+    compressed = path.lower().endswith(_COMPRESSION)
+    if info.type != pafs.FileType.File or not info.size or builder not in STREAMED or limit < 1 \
+            or (compressed and (codec is None or builder == "parquet")):
+        return None
+    return fs, path, builder, info.size, limit
+
+
+class _Counted(io.RawIOBase):
+    """A pyarrow input file seen as a Python one that counts the bytes taken from it (what storage served)."""
+
+    def __init__(self, raw):
+        super().__init__()
+        self.raw, self.read_bytes = raw, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self.raw.read(len(buffer))
+        buffer[:len(data)] = data
+        self.read_bytes += len(data)
+        return len(data)
+
+
+class _Inflated:
+    """The blocks of a stream, decompressed (gzip or bz2) as they come; how many stored bytes gave how many."""
+
+    def __init__(self, raw, codec: str | None):
+        import bz2
+        import zlib
+
+        self.raw, self.stored, self.inflated, self.block = raw, 0, 0, _FIRST_BLOCK
+        self.codec = None if codec is None else zlib.decompressobj(wbits=47) if codec == "gzip" \
+            else bz2.BZ2Decompressor()
+
+    def read(self) -> bytes:
+        """The next block (b"" at the end)."""
+        while True:
+            chunk = self.raw.read(self.block)
+            self.block = min(2 * self.block, _LAST_BLOCK)
+            self.stored += len(chunk)
+            out = chunk if self.codec is None or not chunk else self.codec.decompress(chunk)
+            self.inflated += len(out)
+            if out or not chunk:
+                return out
+
+
+def _lines_head(fs, path: str, local: Path, limit: int, stored: int, builder: str) -> tuple[int, Size, int]:
+    """The file's first `limit` records (non-blank lines of JSON Lines, every line of text) written to `local`
+    (compressed again as the original was); their count, the size, the bytes read."""
+    import bz2
+    import gzip
+
+    codec = next((c for ext, c in _STREAM_CODECS.items() if path.lower().endswith(ext)), None)
+    raw = fs.open_input_stream(path, compression=None)
+    blocks = _Inflated(raw, codec)
+    kept, n, pending = bytearray(), 0, b""
+    try:
+        block = b"x"
+        while n < limit and block:
+            block = blocks.read()
+            lines = (pending + block).split(b"\n") if block else [pending]
+            pending = lines.pop() if block else b""
+            for i, line in enumerate(lines):
+                line += b"\n" if block else b""
+                kept += line
+                n += builder == "text" or bool(line.strip())
+                if n >= limit:
+                    pending = b"\n".join([*lines[i + 1:], pending])
+                    break
+        ended = not block or not (pending.strip() or blocks.read().strip())
+    finally:
+        raw.close()
+    data = bytes(kept)
+    local.write_bytes(gzip.compress(data) if codec == "gzip" else bz2.compress(data) if codec == "bz2" else data)
+    if ended:
+        size = Size(records=n, stored_bytes=stored, how="the sample reached the end of the file")
+    elif codec:  # the sample's bytes per record, at the compression ratio its stream showed
+        per_record = len(data) / n * blocks.stored / max(blocks.inflated, 1)
+        size = Size(stored_bytes=stored, estimated_records=round(stored / per_record),
+                    how=f"estimated from {stored:,} compressed bytes at the sample's {per_record:,.0f} per record")
+    else:
+        size = Size(stored_bytes=stored, estimated_records=round(stored * n / max(len(data), 1)),
+                    how=f"estimated from {stored:,} bytes at the sample's {len(data) / n:,.0f} bytes per record")
+    return n, size, blocks.stored
+
+
+def _parquet_head(fs, path: str, local: Path, limit: int, stored: int, builder: str) -> tuple[int, Size, int]:
+    """The first `limit` rows of a parquet file (its footer, then its first row groups) written to `local`;
+    their count, the size (the footer's row count), the bytes read."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    raw = fs.open_input_file(path)
+    counted = _CountedFile(raw)
+    try:
+        pf = pq.ParquetFile(pa.PythonFile(counted, mode="r"))
+        total = pf.metadata.num_rows
+        groups, n = [], 0
+        while n < limit and len(groups) < pf.num_row_groups:
+            groups.append(pf.read_row_group(len(groups), use_threads=False))
+            n += groups[-1].num_rows
+        table = pa.concat_tables(groups).slice(0, limit) if groups else pf.schema_arrow.empty_table()
+    except (pa.ArrowInvalid, OSError) as e:
+        raise DataError(f"dataset {path.rpartition('/')[2]!r}: not a readable parquet file ({first_line(e)}); check "
+                        f"the file's format") from None
+    finally:
+        raw.close()
+    pq.write_table(table, local)
+    return table.num_rows, Size(records=total, stored_bytes=stored, how="the parquet footer's row count"), \
+        counted.read_bytes
+
+
+class _CountedFile(_Counted):
+    """A random-access one (parquet reads its footer, then the byte ranges of its first row group)."""
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self.raw.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.raw.tell()
+
+
+def _opened_sample(source: Source, limit: int, cache_dir: str | Path | None) -> Sample:
+    """Today's read of the first records (a hub dataset streamed, the rest opened whole); the length of what was
+    opened is the record count."""
+    if source.kind == "hub":
+        return Sample(records(source, limit=limit, cache_dir=cache_dir), Size(how="a hub dataset: not listed here"))
+    try:
+        ds = open_dataset(source, cache_dir=cache_dir)
+        rows = ds.select(range(min(limit, len(ds)))).to_list()
+    except UnicodeDecodeError as e:
+        raise undecodable(source, e) from None
+    path = Path(source.path)
+    stored = sum(p.stat().st_size for p in ([path] if path.is_file() else path.rglob("*")) if p.is_file()) \
+        if source.kind != "mixture" else None
+    how = "the saved dataset's length" if source.kind == "saved" else "the whole dataset opened"
+    return Sample(rows, Size(records=len(ds), stored_bytes=stored, how=how))

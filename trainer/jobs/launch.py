@@ -16,8 +16,9 @@ from facts import ray as ray_facts
 from facts.errors import EXIT_FAILED, EXIT_OK, UserError, first_line
 from trainer.config.flags import ConfigError, TrainConfig, flag, is_inline_template, is_remote
 from trainer.config.load import absolute_storage, add_arguments, from_args
+from trainer.data import sources
 from trainer.data.formats import Renderer
-from trainer.data.packing import DataError, DataSpec, check_records, load_records, prepare, tokenizer_fingerprint
+from trainer.data.packing import DataError, DataSpec, check_records, prepare, tokenizer_fingerprint
 from trainer.data.packing import summary as data_summary
 from trainer.jobs import interrupt
 from trainer.jobs.cluster import (
@@ -30,7 +31,7 @@ from trainer.jobs.cluster import (
     memory_limit_bytes,
 )
 from trainer.jobs.failures import failure_summary, retryable, user_error
-from trainer.jobs.plan import run_prediction, run_refusal
+from trainer.jobs.plan import data_refusal, run_prediction, run_refusal
 from trainer.loop.behaviour import measure
 from trainer.loop.metrics import credential_problems, missing_backends
 from trainer.loop.run import CHAT_TEMPLATE_KEY, MEMORY_PLAN_KEY, ONE_PER_ROW_KEY, train_func
@@ -234,11 +235,16 @@ def _check_data(cfg: TrainConfig, tokenizer, dataset_fs: Any, info: dict, *, ful
                                 f"{cfg.eval_split!r} of {flag('dataset')}): {e}") from None
             info["notes"].append(f"evaluation: {held_out.num_rows:,} packed rows {eval_schedule(cfg)}")
         return
-    records = load_records(cfg.dataset, cfg.dataset_split, config=cfg.dataset_config,
-                           storage_fs=dataset_fs, limit=100, cache_dir=cfg.resolved_cache_dir)
+    found = sources.sample(cfg.dataset, cfg.dataset_split, config=cfg.dataset_config, storage_fs=dataset_fs,
+                           limit=100, cache_dir=cfg.resolved_cache_dir)  # the first records only, and the size
     renderer = Renderer(tokenizer, cfg.train_on) if tokenizer is not None else None
-    check_records(records, cfg.dataset, renderer=renderer, text_field=cfg.dataset_text_field)
-    info["sampled_records"] = len(records)
+    check_records(found.records, cfg.dataset, renderer=renderer, text_field=cfg.dataset_text_field)
+    info["sampled_records"] = len(found.records)
+    too_big, info["data_size"] = data_refusal(cfg, tokenizer, found, info)
+    if too_big:
+        raise DataError(too_big)
+    if info["data_size"] and info["data_size"]["estimate"]:
+        info["notes"].append(f"prepared data: {info['data_size']['summary']}")
 
 
 def scaling_config(cfg: TrainConfig):

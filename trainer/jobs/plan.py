@@ -23,7 +23,8 @@ from typing import Any, Sequence
 
 from facts.catalog import GPU_TYPES
 from facts.errors import EXIT_OK, UserError
-from facts.resources import worker_memory_gib
+from facts.resources import GPU_ROOT_VOLUME_GIB, worker_cpus, worker_memory_gib
+from trainer.data import sizing
 from trainer.loop.parallel import comm_estimate, instance_network, plan_sharding
 from trainer.model import footprint as fp
 from trainer.model.flops import model_shape
@@ -70,6 +71,8 @@ class Target:
     instance_type: str
     nodes: int
     workers: int | None = None  # one per GPU; None: every GPU of the nodes
+    disk_gib: int | None = None  # each node's root volume (the stack's pool); None: the default
+    pool: str = "gpu"
 
     @property
     def row(self):
@@ -92,6 +95,11 @@ class Target:
     def host_budget_bytes(self) -> float:
         """What offloaded states may fill of one node's worker pod (its memory limit, facts.resources)."""
         return fp.host_budget_bytes(worker_memory_gib(self.row))
+
+    @property
+    def cpus(self) -> int:
+        """What the data preparation runs on: the Ray worker pods' CPUs (the head offers none)."""
+        return self.nodes * worker_cpus(self.row)
 
     @property
     def ranks_per_node(self) -> int:
@@ -285,6 +293,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--offload", choices=("none", "cpu"), default="none",
                         help="cpu: FSDP2's CPU offload, the states in host memory (full and lora; checks the worker "
                              "pod's memory limit)")
+    parser.add_argument("--dataset", help="also size its prepared data (disk per node, preparation time) from its "
+                                          "first records and its size")
+    parser.add_argument("--dataset-split", default="train", help="the split of --dataset (default train)")
+    parser.add_argument("--dataset-config", help="the config (subset) of a hub --dataset")
+    parser.add_argument("--tokenizer", help="tokenizer for --dataset (default: --model's)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (a `methods` list) for scripts")
 
 
@@ -314,12 +327,75 @@ def run(args: argparse.Namespace, target: Target, storage_fs: Any = None) -> int
                         f"or less")
     plan = make_plan(config, target, seq_len=args.seq_len, global_batch=args.global_batch_size,
                      lora_rank=args.lora_rank, offload=args.offload == "cpu")
+    if getattr(args, "dataset", None):
+        plan["data"] = plan_data(args, target, plan, storage_fs)
     if args.json:
         print(json.dumps(plan, indent=2))
     else:
         print(headline(plan))
         print(markdown(plan))
+        if "data" in plan:
+            print("\n".join(data_lines(plan["data"])))
     return EXIT_OK
+
+
+def model_bytes(plan: dict[str, Any]) -> int:
+    """The model's weights as a node caches them: bf16, two bytes a parameter."""
+    return int(plan["parameters"]) * 2
+
+
+def plan_data(args: argparse.Namespace, target: Target, plan: dict[str, Any], storage_fs: Any = None) -> dict[str, Any]:
+    """The prepared data of --dataset on the target: its size per node, the time on the target's CPUs, whether it
+    fits each node's disk."""
+    from trainer.data import sources
+    from trainer.data.formats import DataError
+    from trainer.model.sources import tokenizer_only
+
+    spec = args.tokenizer or args.model
+    if not spec:
+        raise PlanError("--dataset with --model-shape: pass --tokenizer (a folder or hub id) to count its tokens")
+    try:
+        tokenizer = tokenizer_only(spec, None, storage_fs=storage_fs)
+        found = sources.sample(args.dataset, args.dataset_split, config=args.dataset_config, storage_fs=storage_fs)
+        lengths = sizing.sample_lengths(found.records, tokenizer, args.dataset)
+    except DataError as e:
+        raise PlanError(f"--dataset: {e}") from None
+    except Exception as e:  # noqa: BLE001 - a tokenizer that cannot be loaded: named with its flag
+        raise PlanError(f"--{'tokenizer' if args.tokenizer else 'model'} {spec}: cannot load its tokenizer "
+                        f"({type(e).__name__}: {e})") from None
+    return data_entry(found.size, lengths, args.dataset, seq_len=plan["seq_len"], cpus=target.cpus,
+                      disk_gib=target.disk_gib, pool=target.pool, weights=model_bytes(plan))
+
+
+def data_entry(size, lengths: list[int], dataset: str, *, seq_len: int, cpus: int | None, disk_gib: int | None,
+               pool: str, weights: int, one_per_row: bool = False, overlong: str = "truncate") -> dict[str, Any]:
+    """The plan's `data` object: the estimate (trainer.data.sizing) on `cpus` (None: unknown, no time), the room on
+    one node, the refusal or None."""
+    if size.count is None:
+        return {"dataset": dataset, "size": size.describe(), "estimate": None, "fits": None, "refusal": None}
+    est = sizing.estimate(lengths, size.count, seq_len, cpus=cpus or 1, exact=size.records is not None,
+                          overlong=overlong, one_per_row=one_per_row)
+    room = node_room(disk_gib, weights, pool)
+    why = sizing.refusal(est, room, dataset)
+    summary = sizing.describe(est)
+    return {"dataset": dataset, "size": size.describe(), "estimate": est.__dict__, "node_free_bytes": room.free_bytes,
+            "node_room": room.explained, "fits": why is None, "refusal": why,
+            "summary": summary if cpus else summary.rsplit("; preparation", 1)[0]}
+
+
+def node_room(disk_gib: int | None, weights: int, pool: str) -> sizing.DiskRoom:
+    return sizing.node_room(disk_gib or GPU_ROOT_VOLUME_GIB, weights,
+                            f"raytrain-eks:nodePools.{pool}.diskSize in the stack config", assumed=not disk_gib)
+
+
+def data_lines(data: dict[str, Any]) -> list[str]:
+    """The plan's lines about the prepared data."""
+    if data["estimate"] is None:
+        return [f"prepared data of {data['dataset']}: not sized, {data['size']}"]
+    lines = [f"prepared data: {data['summary']}", f"dataset size: {data['size']}"]
+    lines.append(f"fits each node's disk ({sizing.size(data['node_free_bytes'])} free of it: {data['node_room']})"
+                 if data["fits"] else f"does not fit: {data['refusal']}")
+    return lines
 
 
 
@@ -380,3 +456,26 @@ def run_prediction(cfg: Any, config: Any, plan: dict[str, Any] | None = None) ->
             "fits": None, "budget_gib": None, "offload": cfg.offload,
             "host_gib_per_node": round(f.host_bytes * min(ranks, cfg.num_workers) / GIB, 3),
             "source": "footprint of the configured run"}
+
+
+def data_refusal(cfg: Any, tokenizer, found, info: dict[str, Any]) -> tuple[str | None, dict[str, Any] | None]:
+    """The pre-flight's size check of the prepared data (trainer.jobs.launch): why its rows cannot fit a node's
+    disk (--node-disk-gib; `submit --stack` sets it from the pool), and the plan's `data` object.
+
+    `found` is the dataset's sample (trainer.data.sources.sample); nothing is refused without a record count
+    (a hub dataset) or a known disk: the estimate is then a note. The model's weights are the plan's
+    parameter count at two bytes (0 without a plan).
+    """
+    if tokenizer is None or found.size.count is None:
+        return None, None
+    behaviour = info.get("behaviour")
+    lengths = sizing.sample_lengths(found.records, tokenizer, cfg.dataset, train_on=cfg.train_on,
+                                    text_field=cfg.dataset_text_field)
+    planned = info.get("plan")
+    cpus = None
+    if cfg.use_gpu and cfg.instance_type in GPU_TYPES:
+        cpus = math.ceil(cfg.num_workers / GPU_TYPES[cfg.instance_type].gpus) * worker_cpus(GPU_TYPES[cfg.instance_type])
+    entry = data_entry(found.size, lengths, cfg.dataset, seq_len=cfg.seq_len, cpus=cpus, disk_gib=cfg.node_disk_gib,
+                       pool=cfg.pool or "gpu", weights=model_bytes(planned) if planned else 0,
+                       one_per_row=bool(behaviour is not None and behaviour.one_per_row), overlong=cfg.overlong)
+    return (entry["refusal"] if cfg.node_disk_gib else None), entry

@@ -135,7 +135,7 @@ def plan_main(argv: list[str]) -> int:
         pool = choose_pool(outputs, args.pool)
     if pool is None:
         raise SubmitError(f"--stack {args.stack}: the stack has no GPU node pool with Ray workers to plan for")
-    return plan.run(args, plan.Target(pool.instance_type, pool.max_nodes))
+    return plan.run(args, plan.Target(pool.instance_type, pool.max_nodes, disk_gib=pool.disk_gib, pool=pool.name))
 
 
 def requested_pool(args: argparse.Namespace, flags: dict) -> str | None:

@@ -83,6 +83,7 @@ class GpuPool:
     max_nodes: int
     gpus_per_node: int
     labelled: bool  # its worker group advertises facts.ray.pool_labels(name), so a label selector finds it
+    disk_gib: int | None = None  # each node's root volume; None: a stack deployed before the output named it
 
     @property
     def gpus(self) -> int:
@@ -98,7 +99,8 @@ def gpu_pools(outputs: dict) -> list[GpuPool]:
         return [GpuPool("gpu", row.name, int(count), row.gpus, False)] if row and count is not None else []
     return [GpuPool(name, pool[stack_outputs.POOL_INSTANCE_TYPE], int(pool[stack_outputs.POOL_MAX_SIZE]),
                     int(pool[stack_outputs.POOL_GPUS_PER_NODE]),
-                    pool.get(stack_outputs.POOL_RAY_LABELS) == ray_facts.pool_labels(name))
+                    pool.get(stack_outputs.POOL_RAY_LABELS) == ray_facts.pool_labels(name),
+                    pool.get(stack_outputs.POOL_DISK_SIZE_GIB))
             for name, pool in found.items()
             if pool.get(stack_outputs.POOL_GPUS_PER_NODE) and pool.get(stack_outputs.POOL_RAY_WORKER_GROUP)]
 
@@ -135,7 +137,8 @@ def stack_defaults(outputs: dict, pool: GpuPool | None = None) -> dict | None:
     if stack_outputs.CHECKPOINT_BUCKET_URI in outputs:
         defaults["storage_path"] = outputs[stack_outputs.CHECKPOINT_BUCKET_URI]
     if pool is not None and pool.gpus:
-        defaults.update(device="gpu", num_workers=pool.gpus, instance_type=pool.instance_type)
+        defaults.update(device="gpu", num_workers=pool.gpus, instance_type=pool.instance_type,
+                        node_disk_gib=pool.disk_gib)
     return defaults or None
 
 
