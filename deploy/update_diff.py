@@ -3,7 +3,8 @@
 Pure and offline: each resource is matched to its old self by URN or alias, the engine's rules are
 replayed (ignoreChanges substitutes the old input; replaceOnChanges; create-before-delete unless
 deleteBeforeReplace) and the providers' replace rules (deploy/data/replace_rules.json, read from
-their source) decide update or replace. A replaced resource gets a new ID, so every input that
+their source; Kubernetes types' from pulumi-kubernetes' diff.go, deploy.kubernetes_rules) decide
+update or replace. A replaced resource gets a new ID, so every input that
 carries its ID changes too; a launch template update makes a new version, which rolls its node group.
 """
 from __future__ import annotations
@@ -14,6 +15,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
+
+from deploy import kubernetes_rules
 
 RULES_PATH = Path(__file__).resolve().parent / "data" / "replace_rules.json"
 RULES: dict = json.loads(RULES_PATH.read_text())
@@ -125,11 +128,10 @@ def covered(path: Path_, rules: Iterable[str]) -> list[str]:
 
 
 def type_rules(typ: str) -> dict:
-    if typ in RULES["types"]:
-        return RULES["types"][typ]
+    """The type's recorded rules; a Kubernetes type's force_new is pulumi-kubernetes' own (deploy.kubernetes_rules)."""
     if typ.startswith("kubernetes:"):
-        return RULES["kubernetes_objects"]
-    return {}
+        return {**RULES["kubernetes_objects"], **RULES["types"].get(typ, {}), "force_new": kubernetes_rules.force_new(typ)}
+    return RULES["types"].get(typ, {})
 
 
 @dataclass
