@@ -137,7 +137,7 @@ def main(*, offline: bool = False) -> dict[str, pulumi.Output]:
     RayWorkloads("ray", workloads(cfg), image=image, kubeconfig=eks.kubeconfig, irsa_role_arn=ray_role.role.arn,
                  checkpoint_uri=store.uri, cluster_dependencies=[*fabrics.values(), *groups.values(), *late_addons],
                  autoscaler_role_arn=autoscaler.role.arn if autoscaler else None,
-                 autoscaler_dependencies=[autoscaler] if autoscaler else ())
+                 autoscaler_dependencies=[autoscaler] if autoscaler else (), crd_digests=offline)
 
     gpu = cfg.gpu_pools[0] if cfg.gpu_pools else None
     outputs = {
