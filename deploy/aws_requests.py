@@ -8,6 +8,12 @@ sends: `aws:eks/cluster:Cluster` -> eks CreateCluster, ... Nested members are ma
 name (case-insensitively; RENAMES where the provider spells them differently), so a member that has
 no place in the request shape is reported, not dropped. `check` walks botocore's shape: required
 members, types, enums, lengths, ranges and patterns. A resource type with no mapping is an error.
+
+At `pulumi preview` (and `up`) the program registers `preview_transform`: the engine hands every
+resource's inputs to it before registering the resource, with values computed by other resources
+and not known yet as None. Those are UNKNOWN here: present for `required`, not checked otherwise; a
+mapping that needs one to build its request skips that resource (the offline plan, whose mocks
+give every value, checks it).
 """
 from __future__ import annotations
 
@@ -182,6 +188,67 @@ MAPPINGS: dict[str, Callable[[dict, str, dict], Any]] = {
 }
 
 
+class _Unknown:
+    """A value another resource computes during apply (the engine sends it as None at preview)."""
+
+    def __repr__(self) -> str:
+        return "<unknown until apply>"
+
+
+UNKNOWN = _Unknown()
+
+
+def with_unknowns(value: Any) -> Any:
+    """The engine's values as the mappings read them: None as UNKNOWN, whole floats (the wire's numbers) as ints."""
+    if value is None:
+        return UNKNOWN
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: with_unknowns(v) for k, v in value.items() if k != "__provider"}
+    if isinstance(value, list):
+        return [with_unknowns(v) for v in value]
+    return value
+
+
+def resource_problems(typ: str, name: str, inputs: dict, default_tags: dict[str, str]) -> list[str]:
+    """What AWS would refuse in one resource's requests, its inputs as the engine has them at preview."""
+    mapping = MAPPINGS.get(typ)
+    if mapping is None:
+        return [f"{typ}: no request mapping (deploy/aws_requests.py MAPPINGS); add one"]
+    inputs = with_unknowns(inputs)
+    own = inputs.get("tags")
+    tags = {**default_tags, **own} if isinstance(own, dict) else {}
+    try:
+        built = mapping(inputs, name, tags)
+    except (TypeError, KeyError, AttributeError, IndexError):
+        return []  # the request needs a value known only during apply: the offline plan checks it
+    found = [Request(f"{typ} {name}", service, operation, params) for service, operation, params in built]
+    return [f"{r.resource}: {r.service} {r.operation}: {message}" for r in found for _, message in check(r)]
+
+
+def preview_transform() -> Callable:
+    """A resource transform (pulumi.runtime.register_resource_transform) that stops the preview at the
+    first resource AWS would refuse, naming it and the member; it never changes a resource."""
+    import pulumi
+
+    default_tags: dict[str, str] = {}
+
+    def transform(args):
+        if args.type_ == "pulumi:providers:aws" and args.name == "aws":
+            tags = args.props.get("defaultTags")
+            tags = json.loads(tags) if isinstance(tags, str) else tags or {}
+            default_tags.clear()
+            default_tags.update({k: v for k, v in (tags.get("tags") or {}).items() if isinstance(v, str)})
+        elif args.custom and not args.type_.startswith(NOT_AWS):
+            if refused := resource_problems(args.type_, args.name, dict(args.props), default_tags):
+                raise pulumi.RunError("AWS would refuse these requests (botocore's request shapes, "
+                                      "deploy/aws_requests.py):\n  " + "\n  ".join(refused))
+        return None
+
+    return transform
+
+
 def merged_tags(resource, default_tags: dict[str, str]) -> dict[str, str]:
     """What AWS stores on the resource: the provider's default tags under the resource's own."""
     own = resource.inputs.get("tags")
@@ -231,7 +298,9 @@ def _member(shape, key: str) -> str | None:
 
 
 def _walk(value: Any, shape, path: str, errors: list) -> None:
-    """Check `value` against a botocore shape, by the shape's type (a type not listed: not checked)."""
+    """Check `value` against a botocore shape, by the shape's type (a type not listed, or UNKNOWN: not checked)."""
+    if value is UNKNOWN:
+        return
     check = _CHECKS.get("integer" if shape.type_name == "long" else shape.type_name)
     if check is not None:
         check(value, shape, path, errors)

@@ -5,6 +5,9 @@
 Plans the dev stack (Kubernetes 1.34, an image pinned by digest) and each change of it offline, and
 prints one Markdown row per change: what is replaced (and why), updated, created or deleted, and what
 a reviewer must see. docs/operations.md holds the output; tests/deploy/test_change_table.py keeps it so.
+The KubeRay row reads kuberay-operator 1.6.0's chart archive (workloads.crds); where none is stored,
+`python -m tests.charts DIR` derives a stand-in from 1.7.0's and RAYTRAIN_CHARTS=DIR points to it, as
+the tests do.
 """
 from __future__ import annotations
 

@@ -162,10 +162,14 @@ def ray_idle_minutes(result: offline.PlanResult) -> int | None:
 
 
 def kubernetes_objects(result: offline.PlanResult) -> list[dict]:
-    """Every Kubernetes object the program declares, as the API server would receive it."""
+    """Every Kubernetes object the program declares, as the API server would receive it.
+
+    Not the CRDs: they are the chart archive's own crds/ files (workloads.crds), which the offline plan
+    declares by digest."""
     return [{k: offline.plain(v) for k, v in r.inputs.items() if k in K8S_OBJECT_FIELDS}
             for r in result.resources
-            if r.type.startswith("kubernetes:") and "apiVersion" in r.inputs and "kind" in r.inputs]
+            if r.type.startswith("kubernetes:") and "apiVersion" in r.inputs and "kind" in r.inputs
+            and r.type != update_diff.CRD]
 
 
 def helm_releases(result: offline.PlanResult) -> list[dict]:

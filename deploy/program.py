@@ -4,6 +4,7 @@ from __future__ import annotations
 import pulumi
 import pulumi_aws as aws
 
+from deploy import aws_requests
 from deploy import config as stack_config
 from deploy.config import StackConfig
 from facts import autoscaler as autoscaler_facts
@@ -64,6 +65,8 @@ def pool_outputs(cfg: StackConfig) -> dict[str, dict]:
 def main(*, offline: bool = False) -> dict[str, pulumi.Output]:
     """The whole stack. `offline` (the mocks of deploy.offline) lets placeholder values plan; nothing reaches AWS."""
     cfg = stack_config.from_pulumi()
+    if not offline:  # the offline plan checks every request itself (deploy.plan), with the mocks' values
+        pulumi.runtime.register_resource_transform(aws_requests.preview_transform())
     tags = cfg.resource_tags
     provider_args = aws_provider.provider_args(cfg.aws_settings, region=cfg.region, tags=tags)
     # Lookups first, through a provider of their own: a stack the account cannot host stops here,
@@ -138,7 +141,7 @@ def main(*, offline: bool = False) -> dict[str, pulumi.Output]:
     RayWorkloads("ray", workloads(cfg), image=image, kubeconfig=eks.kubeconfig, irsa_role_arn=ray_role.role.arn,
                  checkpoint_uri=store.uri, cluster_dependencies=[*fabrics.values(), *groups.values(), *late_addons],
                  autoscaler_role_arn=autoscaler.role.arn if autoscaler else None,
-                 autoscaler_dependencies=[autoscaler] if autoscaler else ())
+                 autoscaler_dependencies=[autoscaler] if autoscaler else (), crd_digests=offline)
 
     gpu = cfg.gpu_pools[0] if cfg.gpu_pools else None
     outputs = {

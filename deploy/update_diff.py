@@ -3,7 +3,8 @@
 Pure and offline: each resource is matched to its old self by URN or alias, the engine's rules are
 replayed (ignoreChanges substitutes the old input; replaceOnChanges; create-before-delete unless
 deleteBeforeReplace) and the providers' replace rules (deploy/data/replace_rules.json, read from
-their source) decide update or replace. A replaced resource gets a new ID, so every input that
+their source; Kubernetes types' from pulumi-kubernetes' diff.go, deploy.kubernetes_rules) decide
+update or replace. A replaced resource gets a new ID, so every input that
 carries its ID changes too; a launch template update makes a new version, which rolls its node group.
 """
 from __future__ import annotations
@@ -15,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from deploy import kubernetes_rules
+
 RULES_PATH = Path(__file__).resolve().parent / "data" / "replace_rules.json"
 RULES: dict = json.loads(RULES_PATH.read_text())
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
@@ -22,6 +25,7 @@ LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
 SUBNET = "aws:ec2/subnet:Subnet"
 EKS_CLUSTER = "aws:eks/cluster:Cluster"
 HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
+CRD = "kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition"
 CHARTS_WITH_CRDS = ("kuberay-operator",)  # its crds/ folder: installed once, never upgraded by Helm
 VERDICTS = ("create", "replace", "update", "delete", "unchanged")
 
@@ -125,11 +129,10 @@ def covered(path: Path_, rules: Iterable[str]) -> list[str]:
 
 
 def type_rules(typ: str) -> dict:
-    if typ in RULES["types"]:
-        return RULES["types"][typ]
+    """The type's recorded rules; a Kubernetes type's force_new is pulumi-kubernetes' own (deploy.kubernetes_rules)."""
     if typ.startswith("kubernetes:"):
-        return RULES["kubernetes_objects"]
-    return {}
+        return {**RULES["kubernetes_objects"], **RULES["types"].get(typ, {}), "force_new": kubernetes_rules.force_new(typ)}
+    return RULES["types"].get(typ, {})
 
 
 @dataclass
@@ -255,22 +258,25 @@ def review(changes: list[Change], old_resources: list[dict], new_resources: list
     """What a reviewer must see: data replaced or deleted, nodes rolled, create-before-delete collisions, version skips."""
     notes: list[str] = []
     new_by_key = {(n["type"], n["name"]): (n, o) for n, o in pairs}
+    old_by_key = {(o["type"], o["name"]): o for o in old_resources}
     for c in changes:
         new, old = new_by_key.get((c.type, c.name), (None, None))
-        notes += _data_notes(c, new) + _node_notes(c, new)
+        notes += _data_notes(c, new or old_by_key.get((c.type, c.name))) + _node_notes(c, new)
         if new is not None and old is not None:
             notes += _pair_notes(c, new, old)
         if any("OLD stored value" in n and "replacement" in n for n in c.notes):
             notes.append(f"STALE: {c.name} is replaced from old inputs: {c.notes[0]}")
     notes += subnet_collisions(changes, old_resources, new_by_key)
-    return notes
+    return notes + _crd_notes(changes, pairs)
 
 
 def _data_notes(c: Change, new: dict | None) -> list[str]:
     if not (type_rules(c.type).get("data") and c.verdict in ("replace", "delete")):
         return []
-    protected = " (protected: `pulumi up` stops there)" if (new or {}).get("options", {}).get("protect") else ""
-    return [f"DATA: {c.verdict} of {c.name} ({c.type}){protected}"]
+    opts = (new or {}).get("options", {})
+    kept = (" (protected: `pulumi up` stops there)" if opts.get("protect") else
+            " (retainOnDelete: the object stays in the cluster, out of the stack)" if opts.get("retainOnDelete") else "")
+    return [f"DATA: {c.verdict} of {c.name} ({c.type}){kept}"]
 
 
 def _node_notes(c: Change, new: dict | None) -> list[str]:
@@ -302,10 +308,24 @@ def _pair_notes(c: Change, new: dict, old: dict) -> list[str]:
         if was and now and (now[0] != was[0] or now[1] - was[1] > 1):
             notes.append(f"VERSION: Kubernetes {'.'.join(map(str, was))} -> {'.'.join(map(str, now))} skips a "
                          "minor version; EKS upgrades one minor per update")
-    if c.type == HELM_RELEASE and c.verdict == "update" and "version" in c.changed and (
-            new["inputs"].get("chart") in CHARTS_WITH_CRDS):
-        notes.append(f"CRDS: {c.name} moves to chart {new['inputs']['chart']} {new['inputs'].get('version')}; Helm "
-                     "never upgrades CRDs: apply that version's CRDs first (docs/operations.md)")
+    return notes
+
+
+def _crd_notes(changes: list[Change], pairs: list[tuple[dict, dict | None]]) -> list[str]:
+    """CRDs updated in place; a chart with CRDs that moves to another version while none changes: Helm leaves them old."""
+    updated = [n["inputs"].get("metadata", {}).get("name", n["name"]) for n, o in pairs
+               if n["type"] == CRD and o is not None and any(c.urn == n.get("urn") and c.verdict == "update"
+                                                                for c in changes)]
+    crds_moved = any(c.type == CRD and c.verdict in ("update", "create") for c in changes)
+    notes = [f"CRDS: {', '.join(sorted(updated))} applied in place from the new chart version's crds/ (server-side "
+             "apply; their custom resources keep running)"] if updated else []
+    for new, old in pairs:
+        if (new["type"] == HELM_RELEASE and old is not None and new["inputs"].get("chart") in CHARTS_WITH_CRDS
+                and new["inputs"].get("version") != old["inputs"].get("version") and not crds_moved):
+            notes.append(f"CRDS: {new['name']} moves to chart {new['inputs']['chart']} {new['inputs'].get('version')} "
+                         "and no CRD is declared by the plan; Helm never upgrades CRDs: apply that version's CRDs "
+                         "first (docs/operations.md)")
+    return notes
     return notes
 
 

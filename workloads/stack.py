@@ -1,6 +1,7 @@
 """Apply the workloads to the cluster: one Kubernetes provider, namespaces, the IRSA service account,
-the Ray namespace's NetworkPolicies, three Helm releases (four with the Cluster
-Autoscaler, when a node pool scales to zero) and the RayCluster.
+the Ray namespace's NetworkPolicies, the KubeRay chart version's CRDs (workloads.crds, through a
+second provider that adopts the CRDs an earlier Helm install made), three Helm releases (four with
+the Cluster Autoscaler, when a node pool scales to zero) and the RayCluster.
 
 The RayCluster is declared whole on every stack and carries KubeRay's `upgradeStrategy: Recreate`
 (raycluster.UPGRADE_STRATEGY): a change of its spec recreates every Ray pod from the new spec; with a
@@ -18,7 +19,7 @@ from typing import Sequence
 import pulumi
 import pulumi_kubernetes as k8s
 
-from workloads import charts, disruption, network_policy, raycluster
+from workloads import charts, crds, disruption, network_policy, raycluster
 from workloads import image as dlc_image
 from workloads.settings import Workloads
 
@@ -26,6 +27,8 @@ IRSA_ANNOTATION = charts.IRSA_ANNOTATION
 # Pod Security Admission: refuses privileged, hostNetwork and hostPath pods in the Ray namespace.
 RAY_NAMESPACE_LABELS = {"pod-security.kubernetes.io/enforce": "baseline"}
 HELM_TIMEOUT_S = 900
+CHARTS_WITH_CRDS = ("kuberay-operator",)  # their crds/ folders: declared here, skipped by Helm (workloads.crds)
+CRD_SOURCE = "kuberayVersion"  # the setting that picks the KubeRay chart, named when its archive is missing
 
 class RayWorkloads(pulumi.ComponentResource):
     """Device plugins, KubeRay operator and the digest-pinned RayCluster on an existing EKS cluster."""
@@ -35,8 +38,13 @@ class RayWorkloads(pulumi.ComponentResource):
                  cluster_dependencies: Sequence[pulumi.Resource],
                  autoscaler_role_arn: pulumi.Input[str] | None = None,
                  autoscaler_dependencies: Sequence[pulumi.Resource] = (),
+                 crd_digests: bool = False,
                  opts: pulumi.ResourceOptions | None = None):
-        """`irsa_role_arn`: the Ray pods' role; `autoscaler_role_arn`: the Cluster Autoscaler's, when it runs."""
+        """`irsa_role_arn`: the Ray pods' role; `autoscaler_role_arn`: the Cluster Autoscaler's, when it runs.
+
+        `crd_digests` (offline plans only, never applied): each CRD's spec declared as its digest
+        (crds.digest): the update diff needs only whether it changed, and KubeRay's 4 MB of schemas
+        made every offline plan ten times slower."""
         if settings.cluster_autoscaler and autoscaler_role_arn is None:
             raise ValueError("the Cluster Autoscaler needs its IRSA role: pass autoscaler_role_arn")
         super().__init__("raytrain:workloads:RayWorkloads", name, None, opts)
@@ -61,9 +69,11 @@ class RayWorkloads(pulumi.ComponentResource):
             automount_service_account_token=False,
             opts=in_cluster())
 
+        self.crds = self._declare_crds(name, settings, kubeconfig, after, digests=crd_digests)
         self.releases: dict[str, k8s.helm.v3.Release] = {}
 
         def release(chart: charts.ChartRelease, values: pulumi.Input[dict], *also: pulumi.Resource) -> None:
+            own_crds = chart.chart in CHARTS_WITH_CRDS
             self.releases[chart.release] = k8s.helm.v3.Release(
                 f"{name}-{chart.release}",
                 name=chart.release,
@@ -75,7 +85,8 @@ class RayWorkloads(pulumi.ComponentResource):
                 atomic=True,
                 cleanup_on_fail=True,
                 timeout=HELM_TIMEOUT_S,
-                opts=in_cluster(*also))
+                skip_crds=own_crds or None,
+                opts=in_cluster(*also, *(self.crds if own_crds else ())))
 
         self.image_pins: dict[str, list[pulumi.Resource]] = {}
 
@@ -127,6 +138,26 @@ class RayWorkloads(pulumi.ComponentResource):
             spec=manifest.apply(lambda m: m["spec"]),
             opts=cluster_opts)
         self.register_outputs({})
+
+    def _declare_crds(self, name: str, settings: Workloads, kubeconfig: pulumi.Input[str],
+                      after: list[pulumi.Resource], *,
+                      digests: bool) -> list[k8s.apiextensions.v1.CustomResourceDefinition]:
+        """The KubeRay chart version's own CRDs, applied on every version change (Helm applies them only once).
+
+        Their provider upserts (a stack Helm installed already has them: pulumi-kubernetes >= 4.29 would
+        answer AlreadyExists) and forces the fields Helm's field manager holds. They are retained on
+        destroy and never replaced: deleting a CRD deletes every RayCluster and RayJob of it.
+        """
+        provider = k8s.Provider(f"{name}-crd-k8s", kubeconfig=kubeconfig, upsert_existing_objects=True,
+                                enable_patch_force=True, opts=pulumi.ResourceOptions(parent=self))
+        chart = charts.kuberay_operator(settings)
+        return [
+            k8s.apiextensions.v1.CustomResourceDefinition(
+                f"{name}-crd-{crd['metadata']['name']}", metadata=crd["metadata"],
+                spec=crds.digest(crd["spec"]) if digests else crd["spec"],
+                opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=after, retain_on_delete=True))
+            for crd in crds.of_release(chart, where=f"raytrain-eks:{CRD_SOURCE} {chart.version}")
+        ]
 
 
 def _fields(obj: dict) -> dict:

@@ -20,6 +20,7 @@ from tests.stacks import read_stack_file
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
 SUBNET = "aws:ec2/subnet:Subnet"
 RAYCLUSTER = "kubernetes:ray.io/v1:RayCluster"
+CRD = "kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition"
 BUCKET = "aws:s3/bucket:Bucket"
 IMAGE = "763104351884.dkr.ecr.us-east-1.amazonaws.com/ray@sha256:" + "ab" * 32
 OTHER_IMAGE = IMAGE.replace("ab" * 32, "cd" * 32)
@@ -230,15 +231,41 @@ def test_a_cluster_rename_replaces_the_cluster_and_never_the_bucket():
     assert "bucketPrefix" in rule(BUCKET)  # what would have replaced it
 
 
-def test_a_kuberay_version_updates_the_operator_release():
+def test_a_kuberay_version_updates_the_operator_release_and_its_crds_in_place():
+    """The CRDs are the new chart's (tests/charts.py's stand-in for 1.6.0: 1.7.0's with a changed spec)."""
     d = diff(BASE, **{"raytrain-eks:kuberayVersion": "1.6.0"})
     release = d.of("kubernetes:helm.sh/v3:Release", "ray-kuberay-operator")
     assert release.verdict == "update" and "version" in release.changed
     # only the operator's image pin (no cloud object: the new tag is pinned anew)
     assert verdicts(d, "replace") == ["ray-kuberay-operator-image"] and reviewed(d, "NODES") == []
     assert rule("pulumi-python:dynamic/raytrain:PinnedImage") == ["image"]
-    (crds,) = reviewed(d, "CRDS")  # Helm never upgrades CRDs: the reviewer is told to apply them
-    assert "kuberay-operator 1.6.0" in crds
+    crds = nonempty([c for c in d.changes if c.type == CRD], "CRDs in the plan")
+    assert sorted(c.name for c in crds) == [f"ray-crd-{n}.ray.io" for n in ("rayclusters", "raycronjobs", "rayjobs",
+                                                                          "rayservices")]
+    assert all(c.verdict == "update" and c.changed == ["spec.sha256"] and c.forcing == [] for c in crds)
+    # pulumi-kubernetes' diff.go has no apiextensions entry: only a CRD's name or namespace replaces it
+    assert update_diff.type_rules(CRD)["force_new"] == ["metadata.name", "metadata.namespace"]
+    (note,) = reviewed(d, "CRDS")
+    assert "rayclusters.ray.io, raycronjobs.ray.io, rayjobs.ray.io, rayservices.ray.io applied in place" in note
+    assert reviewed(d, "DATA") == []
+
+
+def test_a_crd_dropped_by_a_chart_is_flagged_and_stays_in_the_cluster():
+    """Deleting a CRD deletes every custom resource of it: the review says so, and that it is retained."""
+    before = planned(BASE)
+    after = [r for r in before if r["name"] != "ray-crd-raycronjobs.ray.io"]
+    d = update_diff.compare(before, after)
+    assert d.of(CRD, "ray-crd-raycronjobs.ray.io").verdict == "delete"
+    (note,) = reviewed(d, "DATA")
+    assert "ray-crd-raycronjobs.ray.io" in note and "retainOnDelete" in note
+
+
+def test_a_chart_version_without_declared_crds_is_still_flagged():
+    """A plan from before the CRDs were declared: Helm alone would leave them old."""
+    old = [r for r in planned(BASE) if r["type"] != CRD]
+    new = [r for r in planned({**BASE, "raytrain-eks:kuberayVersion": "1.6.0"}) if r["type"] != CRD]
+    (note,) = reviewed(update_diff.compare(old, new), "CRDS")
+    assert "kuberay-operator 1.6.0" in note and "Helm never upgrades CRDs" in note
 
 
 # --- the diff's own rules ---------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ RELEASE = "kubernetes:helm.sh/v3:Release"
 NETPOL = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
 PRIORITY_CLASS = "kubernetes:scheduling.k8s.io/v1:PriorityClass"
 PDB = "kubernetes:policy/v1:PodDisruptionBudget"
+CRD = "kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition"
 DIGEST_IMAGE = "public.ecr.aws/deep-learning-containers/ray@sha256:" + "5e" * 32
 
 
@@ -68,18 +69,21 @@ def tolerates(tolerations: list[dict], taint: dict) -> bool:
 
 
 def test_declares_every_kubernetes_object_through_one_provider(run):
-    (provider,) = [r for r in run.result.resources if r.type == "pulumi:providers:kubernetes"]
-    kubeconfig = provider.inputs["kubeconfig"]
-    assert kubeconfig[rpc._special_sig_key] == rpc._special_secret_sig  # stays a secret in state
-    assert json.loads(kubeconfig["value"])["current-context"] == run.result.outputs["clusterName"]
-    provider_urn = run.urn("pulumi:providers:kubernetes", provider.name)
+    """One provider for everything but the CRDs, whose own provider adopts what Helm installed (test_crds)."""
+    providers = {r.name: r for r in run.result.resources if r.type == "pulumi:providers:kubernetes"}
+    assert sorted(providers) == ["ray-crd-k8s", "ray-k8s"]
+    for provider in providers.values():
+        kubeconfig = provider.inputs["kubeconfig"]
+        assert kubeconfig[rpc._special_sig_key] == rpc._special_secret_sig  # stays a secret in state
+        assert json.loads(kubeconfig["value"])["current-context"] == run.result.outputs["clusterName"]
     objects = kubernetes(run)
     assert sorted(r.type for r in objects) == sorted([
         "kubernetes:core/v1:Namespace", "kubernetes:core/v1:Namespace", "kubernetes:core/v1:ServiceAccount",
-        NETPOL, NETPOL, NETPOL, RELEASE, RELEASE, RELEASE, RAYCLUSTER, PRIORITY_CLASS, PDB, PDB, PDB, PDB])
+        NETPOL, NETPOL, NETPOL, RELEASE, RELEASE, RELEASE, RAYCLUSTER, PRIORITY_CLASS, PDB, PDB, PDB, PDB, *[CRD] * 4])
     for r in objects:
         (reg,) = [g for g in run.registrations.values() if g.type == r.type and g.name == r.name]
-        assert reg.provider.startswith(provider_urn + "::"), r.name
+        provider = "ray-crd-k8s" if r.type == CRD else "ray-k8s"
+        assert reg.provider.startswith(run.urn("pulumi:providers:kubernetes", provider) + "::"), r.name
 
 
 def test_helm_releases_carry_chart_version_repository_and_values(run):
