@@ -36,6 +36,10 @@ class Storage:
     def is_local(self) -> bool:
         return isinstance(self.fs, pafs.LocalFileSystem)
 
+    def parent(self) -> "Storage":
+        """The folder above root, on the same filesystem (a run folder's: the storage path)."""
+        return Storage(self.fs, posixpath.dirname(self.root))
+
     def path(self, *parts: str) -> str:
         return posixpath.join(self.root, *parts) if parts else self.root
 

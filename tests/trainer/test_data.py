@@ -129,9 +129,9 @@ def test_epochs_reshuffle_and_the_order_depends_on_the_seed(tmp_path, tokenizer)
 
 def test_tokenization_is_cached_per_data_tokenizer_and_seq_len(tmp_path, tokenizer):
     data, path = _packed(tmp_path, tokenizer)
-    stamp = (data.folder / "input_ids.npy").stat().st_mtime_ns
+    stamp = (data.folder / "shard-00000" / "input_ids.npy").stat().st_mtime_ns
     again = prepare(str(path), "train", tokenizer, 64, tmp_path / "cache")
-    assert again.folder == data.folder and (again.folder / "input_ids.npy").stat().st_mtime_ns == stamp
+    assert again.folder == data.folder and (again.folder / "shard-00000" / "input_ids.npy").stat().st_mtime_ns == stamp
     other = prepare(str(path), "train", tokenizer, 128, tmp_path / "cache")
     assert other.folder != data.folder and other.meta["seq_len"] == 128
     assert isinstance(PackedData(data.folder).arrays["input_ids"], np.memmap)

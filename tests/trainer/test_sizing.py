@@ -30,7 +30,7 @@ def test_the_estimate_from_100_records_is_within_2_percent_of_the_packed_files(c
     tok = demo.build_tokenizer()
     packed = prepare(DataSpec(str(chat_file), one_per_row="one per row" if one_per_row else ""), tokenizer=tok,
                      seq_len=seq_len, cache_dir=tmp_path / "cache")
-    actual = sum(f.stat().st_size for f in packed.folder.iterdir())
+    actual = sum(f.stat().st_size for f in packed.folder.rglob("*") if f.is_file())
     found = sources.sample(str(chat_file), limit=100)
     est = sizing.estimate(sizing.sample_lengths(found.records, tok, str(chat_file)), packed.meta["records"], seq_len,
                           cpus=4, one_per_row=one_per_row)

@@ -26,13 +26,15 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 
 from trainer import cache
-from trainer.data import sources
+from trainer.data import shards, sources
 from trainer.data.formats import DataError, Example, RecordError, Renderer, format_name, to_example
+from trainer.storage import Storage
 
 __all__ = ["DataError", "RecordError", "DataSpec", "PackedData", "prepare", "pack", "load_records", "check_records"]
 
 IGNORE_INDEX = -100
-FORMAT_VERSION = 4  # 4: no record with only empty assistant turns, no text without EOS; 3: TRL formats and masks
+FORMAT_VERSION = 5  # 5: best fit per chunk of CHUNK_RECORDS, shards; 4: no record with only empty assistant turns
+CHUNK_RECORDS = 16384  # records packed together (best fit) and written as one shard: the unit of parallel work
 
 
 @dataclass(frozen=True)
@@ -72,8 +74,9 @@ def load_records(spec: str, split: str = "train", *, config: str | None = None, 
     return sources.records(source, limit=limit, cache_dir=cache_dir)
 
 
-def examples(records: Iterable[dict], spec: str, text_field: str = "text") -> Iterator[Example]:
-    for i, r in enumerate(records):
+def examples(records: Iterable[dict], spec: str, text_field: str = "text", start: int = 0) -> Iterator[Example]:
+    """`start`: the dataset's number of the first record (a chunk's records are named as in the whole dataset)."""
+    for i, r in enumerate(records, start):
         yield to_example(r, f"dataset {spec!r} record {i}", text_field)
 
 
@@ -99,10 +102,10 @@ def _numbers(rows: list[int], shown: int = 8) -> str:
 
 
 def tokenize(records: Iterable[dict], renderer: Renderer, spec: str, text_field: str = "text",
-             batch: int = 256) -> Iterator[tuple[list[int], list[bool]]]:
+             batch: int = 256, start: int = 0) -> Iterator[tuple[list[int], list[bool]]]:
     """Each record's (ids, mask), in order, `batch` records per tokenizer call (Renderer.encode_batch); a bad
     record raises its own error once the records before it are out, as record by record."""
-    parsed = examples(records, spec, text_field)
+    parsed = examples(records, spec, text_field, start)
     while True:
         chunk: list[Example] = []
         failure = None
@@ -213,20 +216,20 @@ def best_fit_rows(lengths: Sequence[int], seq_len: int) -> list[list[int]]:
 
 
 def pack(docs: Iterable[tuple[Sequence[int], Sequence[bool]]], seq_len: int, pad_id: int,
-         overlong: str = "truncate", one_per_row: str = "") -> tuple[dict[str, np.ndarray], PackStats]:
+         overlong: str = "truncate", one_per_row: str = "", start: int = 0) -> tuple[dict[str, np.ndarray], PackStats]:
     """Documents packed into rows of seq_len (best fit); labels shifted and masked to trained tokens.
 
     Each document keeps its own position ids (0, 1, ...), which is what keeps attention
     inside it; the tail of a row is padding (position ids continue 0.., labels -100).
     Documents longer than seq_len are truncated, or dropped with `overlong="drop"`; both are counted.
     With `one_per_row` (the reason: a model whose documents would see each other in a shared row)
-    every document has a row of its own, in dataset order.
+    every document has a row of its own, in dataset order. `start`: the first document's record number.
     """
     kept: list[tuple[np.ndarray, np.ndarray]] = []
     truncated = tokens = trained = too_long = 0
     longest, longest_at = 0, -1
     reasons: Counter = Counter()
-    for i, (ids, mask) in enumerate(docs):
+    for i, (ids, mask) in enumerate(docs, start):
         tokens += len(ids)
         trained += int(sum(mask))
         too_long += len(ids) > seq_len
@@ -274,7 +277,7 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return h.hexdigest()[:16]
 
 
-def _open(data: DataSpec, storage_fs: Any, cache_dir: str | Path):
+def open_source(data: DataSpec, storage_fs: Any, cache_dir: str | Path):
     """The source and its Dataset; a hub dataset's own fingerprint (its revision) keys the cache."""
     source = sources.resolve(data.dataset, config=data.config, split=data.split, storage_fs=storage_fs,
                              cache_dir=cache_dir)
@@ -324,25 +327,86 @@ def _prune_stale(folder: Path, spec_key: str) -> None:
             shutil.rmtree(other, ignore_errors=True)
 
 
-def pack_dataset(ds, data: DataSpec, tokenizer, seq_len: int) -> tuple[dict[str, np.ndarray], PackStats]:
-    """Every record tokenized (TRL's masks) and packed; an empty dataset or one with nothing to train fails."""
-    if len(ds) == 0:
+def chunk_starts(records: int, chunk_records: int = CHUNK_RECORDS) -> range:
+    """The first record of each chunk: fixed by the record count alone, so any number of workers packs the same
+    rows."""
+    return range(0, records, chunk_records)
+
+
+def chunk_of(ds, start: int, chunk_records: int = CHUNK_RECORDS):
+    """The records of the chunk starting at `start` (a Dataset's selection, or a list's slice)."""
+    end = min(start + chunk_records, len(ds))
+    return ds.select(range(start, end)) if hasattr(ds, "select") else ds[start:end]
+
+
+def pad_id(tokenizer) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
+def pack_chunk(records: Iterable[dict], data: DataSpec, tokenizer, seq_len: int,
+               start: int = 0) -> tuple[dict[str, np.ndarray], PackStats]:
+    """One chunk's records tokenized (TRL's masks) and packed (best fit within the chunk); `start`: the number of
+    its first record in the dataset, for the messages and the longest record."""
+    docs = tokenize(records, Renderer(tokenizer, data.train_on), data.dataset, data.text_field, start=start)
+    return pack(docs, seq_len, pad_id(tokenizer), data.overlong, data.one_per_row, start=start)
+
+
+def merged_stats(parts: Sequence[PackStats], seq_len: int, one_per_row: str = "") -> PackStats:
+    """The chunks' statistics as one dataset's (sums; the longest record over all)."""
+    total = PackStats(documents=0, rows=0, truncated=0, dropped=0, real_tokens=0, loss_tokens=0, seq_len=seq_len,
+                      one_per_row=one_per_row)
+    reasons: Counter = Counter()
+    for part in parts:
+        for name in ("documents", "rows", "truncated", "dropped", "real_tokens", "loss_tokens", "tokens",
+                     "trained_tokens", "too_long", "packed_rows"):
+            setattr(total, name, getattr(total, name) + getattr(part, name))
+        reasons.update(part.drop_reasons)
+        if part.longest_tokens > total.longest_tokens:
+            total.longest_tokens, total.longest_record = part.longest_tokens, part.longest_record
+    total.drop_reasons = dict(reasons)
+    return total
+
+
+def check_packed(stats: PackStats, data: DataSpec, records: int) -> None:
+    """DataError for a dataset that packs into no row at all (every record dropped), naming why."""
+    if records == 0:
         raise DataError(f"dataset {data.dataset!r}: is empty (split {data.split!r}); it needs at least one record")
-    renderer = Renderer(tokenizer, data.train_on)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    arrays, stats = pack(tokenize(ds, renderer, data.dataset, data.text_field), seq_len, pad_id, data.overlong,
-                         data.one_per_row)
-    if stats.rows == 0:
-        why = "; ".join(f"{n} {reason}" for reason, n in stats.drop_reasons.items())
-        too_long = stats.drop_reasons.get(DROP_TRUNCATED, 0) + stats.drop_reasons.get(DROP_TOO_LONG, 0)
-        if too_long and too_long == stats.dropped:
-            raise DataError(f"dataset {data.dataset!r}: every record is dropped for --seq-len {seq_len} (records: "
-                            f"{len(ds)}; {why}); the longest is record {stats.longest_record} with "
-                            f"{stats.longest_tokens} tokens: raise --seq-len (to {stats.longest_tokens} to keep it "
-                            f"whole){'' if data.overlong == 'truncate' else ', or --overlong truncate'}")
-        raise DataError(f"dataset {data.dataset!r}: no record has a trained token left after tokenization "
-                        f"(records: {len(ds)}; dropped: {why})")
-    return arrays, stats
+    if stats.rows:
+        return
+    seq_len = stats.seq_len
+    why = "; ".join(f"{n} {reason}" for reason, n in stats.drop_reasons.items())
+    too_long = stats.drop_reasons.get(DROP_TRUNCATED, 0) + stats.drop_reasons.get(DROP_TOO_LONG, 0)
+    if too_long and too_long == stats.dropped:
+        raise DataError(f"dataset {data.dataset!r}: every record is dropped for --seq-len {seq_len} (records: "
+                        f"{records}; {why}); the longest is record {stats.longest_record} with "
+                        f"{stats.longest_tokens} tokens: raise --seq-len (to {stats.longest_tokens} to keep it "
+                        f"whole){'' if data.overlong == 'truncate' else ', or --overlong truncate'}")
+    raise DataError(f"dataset {data.dataset!r}: no record has a trained token left after tokenization "
+                    f"(records: {records}; dropped: {why})")
+
+
+def pack_dataset(ds, data: DataSpec, tokenizer, seq_len: int, *, on_shard=None,
+                 chunk_records: int = CHUNK_RECORDS) -> PackStats:
+    """Every record tokenized and packed, chunk by chunk in this process (memory: one chunk's); `on_shard(index,
+    arrays)` takes each chunk's rows. An empty dataset or one with nothing to train fails (DataError)."""
+    parts = []
+    for index, start in enumerate(chunk_starts(len(ds), chunk_records)):
+        arrays, stats = pack_chunk(chunk_of(ds, start, chunk_records), data, tokenizer, seq_len, start)
+        if on_shard is not None:
+            on_shard(index, arrays)
+        parts.append(stats)
+    stats = merged_stats(parts, seq_len, data.one_per_row)
+    check_packed(stats, data, len(ds))
+    return stats
+
+
+def packed_meta(data: DataSpec, stats: PackStats, records: int, source_fp: dict, shard_rows: list[int],
+                chunk_records: int) -> dict:
+    """meta.json of a preparation: what was read, what packing did, the rows of each shard."""
+    return {"source": data.dataset, "split": data.split, "config": data.config, "train_on": data.train_on,
+            "overlong": data.overlong, "records": records, "fill": round(stats.fill, 4), **stats.__dict__,
+            "source_fingerprint": source_fp, "spec_key": spec_key(data), "chunk_records": chunk_records,
+            "shards": shard_rows}
 
 
 def summary(stats: dict, overlong: str = "truncate") -> list[str]:
@@ -372,35 +436,43 @@ def one_per_row_note(stats: dict) -> str:
             f"packed ({rows / max(packed, 1):.2f}x the rows per epoch)")
 
 
-def build_packed(data: DataSpec, ds, source_fp: dict, tokenizer, seq_len: int, folder: Path) -> dict:
-    arrays, stats = pack_dataset(ds, data, tokenizer, seq_len)
+def build_packed(data: DataSpec, ds, source_fp: dict, tokenizer, seq_len: int, folder: Path,
+                 chunk_records: int = CHUNK_RECORDS) -> dict:
+    """The shards in this process, into a `.tmp` sibling renamed into place once meta.json is written."""
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for name, arr in arrays.items():
-        np.save(tmp / f"{name}.npy", arr)
-    meta = {"source": data.dataset, "split": data.split, "config": data.config, "train_on": data.train_on,
-            "overlong": data.overlong, "seq_len": seq_len, "records": len(ds), "fill": round(stats.fill, 4),
-            **stats.__dict__, "source_fingerprint": source_fp, "spec_key": spec_key(data)}
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+    out = Storage.from_uri(str(tmp))
+    shard_rows: list[int] = []
+
+    def keep(index: int, arrays: dict) -> None:
+        shards.write_shard(out, index, arrays)
+        shard_rows.append(int(arrays["input_ids"].shape[0]))
+
+    stats = pack_dataset(ds, data, tokenizer, seq_len, on_shard=keep, chunk_records=chunk_records)
+    meta = packed_meta(data, stats, len(ds), source_fp, shard_rows, chunk_records)
+    shards.write_meta(out, meta)
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
     return meta
 
 
 class PackedData:
-    """Packed rows on disk (memory-mapped) and the rows each rank reads at each step."""
+    """Packed rows on disk (memory-mapped shards) and the rows each rank reads at each step."""
 
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
-        self.meta = json.loads((self.folder / "meta.json").read_text())
-        self.arrays = {n: np.load(self.folder / f"{n}.npy", mmap_mode="r")
-                       for n in ("input_ids", "labels", "position_ids", "real_tokens")}
+        self.meta = json.loads((self.folder / shards.META).read_text())
+        self.rows = shards.Rows(self.folder, self.meta["shards"])
         self._perm: tuple[tuple[int, int], np.ndarray] | None = None
 
     @property
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Every column whole: for inspection; the loop reads its rows with `take`."""
+        return {name: self.rows.column(name) for name in shards.COLUMNS}
+
+    @property
     def num_rows(self) -> int:
-        return int(self.arrays["input_ids"].shape[0])
+        return self.rows.num_rows
 
     @property
     def fingerprint(self) -> str:
@@ -417,8 +489,7 @@ class PackedData:
         """Row indices of the global batch of a step: a slice of the epoch's seeded permutation."""
         spe = self.steps_per_epoch(global_batch)
         if spe < 1:
-            raise DataError(f"dataset has {self.num_rows} packed rows of {self.meta['seq_len']} tokens, fewer than "
-                            f"one global batch of {global_batch}; lower --global-batch-size or --seq-len, or add data")
+            raise DataError(too_few_rows(self.num_rows, self.meta["seq_len"], global_batch))
         epoch, index = divmod(step, spe)
         if self._perm is None or self._perm[0] != (seed, epoch):
             self._perm = ((seed, epoch), np.random.default_rng([seed, epoch]).permutation(self.num_rows))
@@ -426,24 +497,27 @@ class PackedData:
 
     def tokens_through(self, steps: int, global_batch: int, seed: int) -> int:
         """Real (non-padding) tokens of every row the first `steps` steps train on."""
-        real = self.arrays["real_tokens"]
-        return int(sum(int(real[np.sort(self.step_rows(s, global_batch, seed))].sum()) for s in range(steps)))
+        real = self.rows.real_tokens
+        return int(sum(int(real[self.step_rows(s, global_batch, seed)].sum()) for s in range(steps)))
+
+    def batch(self, rows: np.ndarray) -> dict:
+        """The rows as torch tensors (token columns as int64, real_tokens as int32)."""
+        import torch
+
+        return {name: torch.from_numpy(self.rows.take(name, rows).astype(np.int32 if name == "real_tokens"
+                                                                          else np.int64))
+                for name in shards.COLUMNS}
 
     def eval_batches(self, *, rank: int, world_size: int, batch: int) -> list[dict]:
         """This rank's share of every row, in batches; every rank gets the same number of batches (FSDP's
         collectives need it): a rank short of rows gets row 0 with no trained token."""
-        import torch
-
         per_rank = -(-self.num_rows // world_size)
         mine = np.arange(rank * per_rank, min((rank + 1) * per_rank, self.num_rows))
         out = []
         for i in range(0, per_rank, batch):
             idx = mine[i:i + batch]
-            filler = not len(idx)
-            idx = idx if len(idx) else np.zeros(1, dtype=np.int64)
-            mb = {name: torch.from_numpy(np.asarray(arr[idx], dtype=np.int64 if arr.ndim == 2 else np.int32))
-                  for name, arr in self.arrays.items()}
-            if filler:
+            mb = self.batch(idx if len(idx) else np.zeros(1, dtype=np.int64))
+            if not len(idx):
                 mb["labels"].fill_(IGNORE_INDEX)
             out.append(mb)
         return out
@@ -451,32 +525,32 @@ class PackedData:
     def micro_batches(self, step: int, *, rank: int, world_size: int, global_batch: int,
                       micro_batch: int, seed: int) -> list[dict]:
         """This rank's micro-batches of a step (contiguous share of the global batch)."""
-        import torch
-
         rows = self.step_rows(step, global_batch, seed)
         per_rank = global_batch // world_size
         mine = rows[rank * per_rank:(rank + 1) * per_rank]
-        out = []
-        for i in range(0, per_rank, micro_batch):
-            idx = np.sort(mine[i:i + micro_batch])  # sorted reads from the memory map
-            out.append({name: torch.from_numpy(np.asarray(arr[idx], dtype=np.int64 if arr.ndim == 2 else np.int32))
-                        for name, arr in self.arrays.items()})
-        return out
+        return [self.batch(np.sort(mine[i:i + micro_batch]))  # sorted reads from the memory maps
+                for i in range(0, per_rank, micro_batch)]
+
+
+def too_few_rows(rows: int, seq_len: int, global_batch: int) -> str:
+    return (f"dataset has {rows} packed rows of {seq_len} tokens, fewer than one global batch of {global_batch}; "
+            f"lower --global-batch-size or --seq-len, or add data")
 
 
 def prepare(data: DataSpec | str, split: str | None = None, tokenizer=None, seq_len: int = 0,
             cache_dir: str | Path = "", storage_fs: Any = None) -> PackedData:
-    """Tokenize and pack once per node (file lock), then memory-map the cached rows.
+    """Tokenize and pack in this process, once per node (file lock), then memory-map the cached shards.
 
-    `data` is a DataSpec, or (the short form) a dataset location with its split.
+    `data` is a DataSpec, or (the short form) a dataset location with its split. A run on a Ray
+    cluster prepares on the cluster's CPUs instead (trainer.data.distributed).
     """
     if isinstance(data, str):
         data = DataSpec(data, split or "train")
     key = spec_key(data)
     with cache.lock(cache_dir, f"data-{key}"):  # one reader per node fetches and tokenizes
-        source, ds, fp = _open(data, storage_fs, cache_dir)
+        source, ds, fp = open_source(data, storage_fs, cache_dir)
         folder = Path(cache_dir) / "data" / cache_key(data, fp, tokenizer, seq_len)
-        if not (folder / "meta.json").is_file():
+        if not (folder / shards.META).is_file():
             try:
                 build_packed(data, ds, fp, tokenizer, seq_len, folder)
             except UnicodeDecodeError as e:  # pyarrow reads JSON bytes as they are; decoding happens here

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from trainer.data.formats import Renderer, to_example
+from trainer.data.packing import CHUNK_RECORDS
 
 GIB = 1024 ** 3
 # Tokenize + render + pack, per token, on one core: today's single-process packing.prepare with Qwen2's real
@@ -71,9 +72,9 @@ def packed_fill(kept: Sequence[int], seq_len: int) -> float:
     return sum(tiled) / (len(best_fit_rows(tiled, seq_len)) * seq_len)
 
 
-def packed_bytes(rows: int, seq_len: int) -> int:
-    """The packed arrays' files on disk (the .npy files of packing.build_packed, and meta.json)."""
-    return rows * (seq_len * SLOT_BYTES + ROW_BYTES) + ARRAYS * NPY_HEADER_BYTES + META_BYTES
+def packed_bytes(rows: int, seq_len: int, shards: int = 1) -> int:
+    """The shards' files on disk (each shard's .npy files, trainer.data.shards, and one meta.json)."""
+    return rows * (seq_len * SLOT_BYTES + ROW_BYTES) + shards * ARRAYS * NPY_HEADER_BYTES + META_BYTES
 
 
 def estimate(lengths: Sequence[int], records: int, seq_len: int, *, cpus: int, exact: bool = True,
@@ -99,7 +100,7 @@ def estimate(lengths: Sequence[int], records: int, seq_len: int, *, cpus: int, e
     return Estimate(records=records, exact=exact, sampled=len(lengths), tokens_per_record=round(per_record, 1),
                     tokens=tokens, kept_tokens=round(kept_tokens), rows=rows_n, seq_len=seq_len,
                     one_per_row=one_per_row, fill=round(kept_tokens / max(rows_n * seq_len, 1), 4),
-                    disk_bytes=packed_bytes(rows_n, seq_len), cpus=max(1, cpus),
+                    disk_bytes=packed_bytes(rows_n, seq_len, math.ceil(records / CHUNK_RECORDS)), cpus=max(1, cpus),
                     seconds=tokens * PREP_SECONDS_PER_TOKEN_PER_CORE / max(1, cpus))
 
 
@@ -156,7 +157,8 @@ def refusal(est: Estimate, room: DiskRoom, dataset: str) -> str | None:
     """Why the prepared data cannot fit a node's disk, with the numbers and the fixes; None when it fits."""
     if est.disk_bytes <= room.free_bytes:
         return None
-    rows_fit = max(0, room.free_bytes - packed_bytes(0, est.seq_len)) // (est.seq_len * SLOT_BYTES + ROW_BYTES)
+    headers = packed_bytes(0, est.seq_len, math.ceil(est.records / CHUNK_RECORDS))  # at most as many shards as now
+    rows_fit = max(0, room.free_bytes - headers) // (est.seq_len * SLOT_BYTES + ROW_BYTES)
     fits = int(rows_fit * est.records / max(est.rows, 1))
     fewer = (f"train on fewer records (about {fits:,} fit: a --dataset-split slice such as train[:{fits}])" if fits
              else "train on fewer records")

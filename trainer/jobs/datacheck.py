@@ -46,7 +46,7 @@ def report(cfg, tokenizer, show: int = 0, storage_fs=None, meta: dict | None = N
                              cache_dir=cfg.resolved_cache_dir)
     ds = sources.open_dataset(source, cache_dir=cfg.resolved_cache_dir)
     if meta is None:
-        _, stats = pack_dataset(ds, spec, tokenizer, cfg.seq_len)
+        stats = pack_dataset(ds, spec, tokenizer, cfg.seq_len)
         meta = {**stats.__dict__, "fill": stats.fill, "records": len(ds)}
     renderer = Renderer(tokenizer, cfg.train_on)
     shown = [marked(tokenizer, *renderer.encode(ex))

@@ -18,23 +18,16 @@ from trainer.config.flags import ConfigError, TrainConfig, flag, is_inline_templ
 from trainer.config.load import absolute_storage, add_arguments, from_args
 from trainer.data import sources
 from trainer.data.formats import Renderer
-from trainer.data.packing import DataError, DataSpec, check_records, prepare, tokenizer_fingerprint
+from trainer.data.distributed import prepare_on_ray
+from trainer.data.packing import DataError, DataSpec, check_records, prepare, too_few_rows, tokenizer_fingerprint
 from trainer.data.packing import summary as data_summary
 from trainer.jobs import interrupt
-from trainer.jobs.cluster import (
-    ClusterError,
-    check_capacity,
-    check_reachable,
-    check_single_node,
-    dataset_bytes,
-    driver_memory_problem,
-    memory_limit_bytes,
-)
+from trainer.jobs.cluster import ClusterError, check_capacity, check_reachable, check_single_node
 from trainer.jobs.failures import failure_summary, retryable, user_error
 from trainer.jobs.plan import data_refusal, run_prediction, run_refusal
 from trainer.loop.behaviour import measure
 from trainer.loop.metrics import credential_problems, missing_backends
-from trainer.loop.run import CHAT_TEMPLATE_KEY, MEMORY_PLAN_KEY, ONE_PER_ROW_KEY, train_func
+from trainer.loop.run import CHAT_TEMPLATE_KEY, MEMORY_PLAN_KEY, ONE_PER_ROW_KEY, PREPARED_KEY, train_func
 from trainer.model import adapters, quantize
 from trainer.model.build import check_architecture, check_checkpoint
 from trainer.model.errors import ModelSourceError
@@ -83,7 +76,7 @@ def preflight_tokenizer(cfg: TrainConfig, storage_fs: Any = None):
 
 
 def preflight(cfg: TrainConfig, storage_filesystem: Any = None, *, full_data: bool = True,
-              for_run: bool = True) -> dict:
+              for_run: bool = True, data_later: bool = False) -> dict:
     """Every check that needs no Ray cluster; raises ConfigError listing every problem.
 
     The model's config, architecture and every weight file's header; the tokenizer and chat
@@ -94,6 +87,8 @@ def preflight(cfg: TrainConfig, storage_filesystem: Any = None, *, full_data: bo
     at its start) the first 100 records rendered. With `for_run` (not `trainer data`): one
     global batch must exist, the run folder must be writable, and a run folder that
     holds a run resumes only with the inputs it was started with (trainer.run_folder.resume).
+    With `data_later` (a run about to start on a connected cluster) the data is checked as `submit`
+    does, and prepare_run_data packs it on the cluster's CPUs afterwards: this process holds no dataset.
     """
     problems: list[str] = []
     info: dict = {"notes": []}
@@ -126,13 +121,15 @@ def preflight(cfg: TrainConfig, storage_filesystem: Any = None, *, full_data: bo
         problems += credential_problems(cfg.reporters)
         problems += publish.problems(cfg)
     try:
-        _check_data(cfg, tokenizer, fs_for(cfg.dataset), info, full_data=full_data, for_run=for_run)
+        _check_data(cfg, tokenizer, fs_for(cfg.dataset), info, full_data=full_data and not data_later,
+                    for_run=for_run)
     except DataError as e:
         where = flag("chat_template") if "no chat template" in str(e) else flag("dataset")
         problems.append(f"{where}: {e}")
     if problems:
         raise ConfigError(problems)
     info["tokenizer"] = tokenizer
+    info["data_later"] = full_data and data_later
     if model_ok and for_run:
         info["inputs"] = resume.inputs(cfg, data=(info.get("data") or {}).get("source_fingerprint"),
                                        tokenizer=tokenizer_fingerprint(tokenizer),
@@ -278,6 +275,49 @@ def checkpoint_config(cfg: TrainConfig):
     return CheckpointConfig(num_to_keep=cfg.num_to_keep)
 
 
+def prepare_run_data(cfg: TrainConfig, storage_filesystem: Any, found: dict) -> dict:
+    """The data pass preflight(data_later=True) left to the cluster: the training (and held-out) data tokenized
+    and packed by the cluster's CPUs into <--storage-path>/_data (trainer.data.distributed), or found there from
+    an earlier run or attempt. Its counts and notes go into `found`, the shards' keys to the workers; a dataset
+    that turns out unusable (bad records, nothing to train, less than one global batch) is a ConfigError."""
+    if not found.get("data_later"):
+        return found
+    behaviour = found.get("behaviour")
+    one_per_row = behaviour.one_per_row if behaviour is not None else ""
+    remote = storage_filesystem if is_remote(cfg.storage_path) else None
+    storage = Storage.from_uri(cfg.storage_path, fs=remote)
+
+    def on_cluster(spec: DataSpec) -> dict:
+        fs = storage_filesystem if spec.dataset.startswith("s3://") else None
+        return prepare_on_ray(spec, found["tokenizer"], cfg.seq_len, storage, cfg.resolved_cache_dir, dataset_fs=fs)
+
+    try:
+        meta = on_cluster(DataSpec.from_config(cfg, one_per_row))
+        if meta["rows"] < cfg.global_batch_size:
+            raise DataError(too_few_rows(meta["rows"], cfg.seq_len, cfg.global_batch_size))
+    except DataError as e:
+        raise ConfigError([f"{flag('dataset')}: {e}"]) from None
+    prep = meta["prep"]
+    how = "found ready" if prep["reused"] else f"prepared by {prep['workers']} CPU workers in {prep['seconds']:.0f} s"
+    notes = [f"data: {meta['records']:,} records packed into {meta['rows']:,} rows, {len(meta['shards'])} shards in "
+             f"{storage.path('_data', meta['key'])} ({how})"] + data_summary(meta, cfg.overlong)
+    prepared = {"train": meta["key"]}
+    if cfg.evaluates:
+        try:
+            held_out = on_cluster(DataSpec.eval_from_config(cfg, one_per_row))
+        except DataError as e:
+            raise ConfigError([f"{flag('dataset')}: the held-out data to evaluate ({flag('eval_dataset')}, else the "
+                               f"{flag('eval_split')} {cfg.eval_split!r} of {flag('dataset')}): {e}"]) from None
+        prepared["eval"] = held_out["key"]
+        notes.append(f"evaluation: {held_out['rows']:,} packed rows {eval_schedule(cfg)}")
+    print_notes({"notes": notes})
+    found = {**found, "data": meta, "prepared": prepared, "data_later": False}
+    if found.get("inputs") is not None:  # the data's content, known now: a resume with other data is refused
+        found["inputs"] = {**found["inputs"], "data": meta["source_fingerprint"]}
+        resume.check(cfg, found["inputs"], Storage.from_uri(cfg.run_uri, fs=remote))
+    return found
+
+
 def handed_to_workers(found: dict | None) -> dict:
     """What the pre-flight `found` that the workers take as it is (train_loop_config keys): the run's inputs for
     run.json, the packing verdict (so they need not measure the model again) and the memory plan's prediction."""
@@ -285,7 +325,8 @@ def handed_to_workers(found: dict | None) -> dict:
         return {}
     behaviour = found.get("behaviour")
     handed = {resume.INPUTS_KEY: found.get("inputs"), MEMORY_PLAN_KEY: found.get("memory_plan"),
-              ONE_PER_ROW_KEY: behaviour.one_per_row if behaviour is not None else None}
+              ONE_PER_ROW_KEY: behaviour.one_per_row if behaviour is not None else None,
+              PREPARED_KEY: found.get("prepared")}
     return {k: v for k, v in handed.items() if v is not None}
 
 
@@ -340,8 +381,9 @@ def train(cfg: TrainConfig, storage_filesystem: Any = None, *, check: bool = Tru
     """
 
     if check:
-        found = preflight(cfg, storage_filesystem)
+        found = preflight(cfg, storage_filesystem, data_later=True)
     check_capacity(cfg.num_workers, cfg.use_gpu, cfg.pool)
+    found = prepare_run_data(cfg, storage_filesystem, found or {})
     run = Storage.from_uri(cfg.run_uri, fs=storage_filesystem)
     with run_lock.held(run, cfg.resolved_run_name):  # one run at a time trains into a run folder
         result = _fit_with_retries(cfg, run, storage_filesystem, quiet=quiet, found=found)
@@ -428,10 +470,7 @@ def main(argv: Sequence[str]) -> int:
 
     check_reachable(address)  # seconds, before the pre-flight reads the data
     run_lock.check_free(Storage.from_uri(cfg.run_uri), cfg.resolved_run_name)
-    problem = driver_memory_problem(dataset_bytes(cfg.dataset), memory_limit_bytes(), cfg.dataset)
-    if problem:
-        raise ClusterError(problem)
-    info = preflight(cfg)
+    info = preflight(cfg, data_later=True)  # the data pass runs on the cluster's CPUs (prepare_run_data)
     print_notes(info)
     connect(address)
     if on_node:  # the head's own folder, chosen for a single-node cluster: it must still be one

@@ -248,7 +248,7 @@ def _prepare(cfg: TrainConfig, out: Path) -> tuple[dict, Path | str, list[dict]]
     if not demo_model:  # the user's own model (a folder or a hub id) is what the held-out set evaluates first
         init_model = Path(cfg.model).expanduser() if Path(cfg.model).expanduser().exists() else cfg.model
     try:
-        info = preflight(cfg)
+        info = preflight(cfg, data_later=True)  # the data is prepared on the cluster, once it is up
     except UserError:
         if created:  # nothing half-created: the demo's files go again with the folder they were made in
             shutil.rmtree(out, ignore_errors=True)

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.config.flags import TrainConfig
+from trainer.data.distributed import open_prepared
 from trainer.data.packing import DataSpec, PackedData, prepare
 from trainer.data.packing import summary as data_summary
 from trainer.loop import memory, optim
@@ -41,6 +42,7 @@ log = logging.getLogger("trainer")
 CHAT_TEMPLATE_KEY = "chat_template_text"  # train_loop_config key: --chat-template's text, read by the driver
 # train_loop_config key: the driver's verdict on packing (trainer.loop.behaviour), "" when documents share rows
 ONE_PER_ROW_KEY = "documents_one_per_row"
+PREPARED_KEY = "prepared_data"  # train_loop_config key: the cluster's preparation keys (trainer.data.distributed)
 MEMORY_PLAN_KEY = "memory_plan"  # train_loop_config key: the pre-flight's prediction (trainer.jobs.plan.run_prediction)
 DATA_COUNTS = ("records", "documents", "rows", "truncated", "dropped", "drop_reasons", "too_long", "longest_tokens",
                "longest_record", "packed_rows", "one_per_row")
@@ -60,17 +62,17 @@ class Inputs(NamedTuple):
 def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *, latest_checkpoint: str | None = None,
         reporter: Reporter | None = None, preemption: Callable[[], Any] | None = None,
         chat_template: str | None = None, inputs: dict | None = None, one_per_row: str | None = None,
-        memory_plan: dict | None = None) -> dict:
+        memory_plan: dict | None = None, prepared: dict | None = None) -> dict:
     """Train to the configured number of steps; returns the last logged metrics.
 
     `preemption` (ray.train.get_preemption_info under Ray) is asked at logging steps (trainer.loop.checkpointer);
     `chat_template` (the text of --chat-template, read by the driver) replaces the tokenizer's; `inputs`
     (the driver's trainer.run_folder.resume.inputs) go into run.json; `one_per_row` is the driver's packing verdict
     (measured here when None); `memory_plan` (the pre-flight's prediction) goes into run.json, and beside it the
-    measured peak of every logging step.
+    measured peak of every logging step; `prepared` names the shards the driver had the cluster prepare.
     """
     torch.manual_seed(cfg.seed)
-    model_path, tokenizer, data, eval_data = fetch_inputs(cfg, storage, chat_template, one_per_row)
+    model_path, tokenizer, data, eval_data = fetch_inputs(cfg, storage, chat_template, one_per_row, prepared)
     steps, gb = cfg.total_steps(data.steps_per_epoch(cfg.global_batch_size)), cfg.global_batch_size
     data.step_rows(0, gb, cfg.seed)  # fails early if the data is smaller than one batch
     model = build_model(model_path, device=env.device, use_gpu=cfg.use_gpu, mesh=env.mesh,
@@ -141,8 +143,9 @@ def run(cfg: TrainConfig, env: WorkerEnv, storage: Storage, *, latest_checkpoint
 
 
 def fetch_inputs(cfg: TrainConfig, storage: Storage, chat_template: str | None,
-                 one_per_row: str | None = None) -> Inputs:
-    """Model, tokenizer and packed data, downloaded and tokenized once per node into its cache.
+                 one_per_row: str | None = None, prepared: dict | None = None) -> Inputs:
+    """Model, tokenizer and packed data: the shards the cluster prepared (`prepared`: their keys, in the run
+    storage's parent), else tokenized here once per node into its cache (a run started without the driver's pass).
 
     s3:// inputs go through the run storage's filesystem when that is remote (same endpoint and credentials).
     """
@@ -157,6 +160,10 @@ def fetch_inputs(cfg: TrainConfig, storage: Storage, chat_template: str | None,
     set_eos_token(tokenizer, cfg.eos_token)
     if one_per_row is None:  # no driver's verdict (a run started without its pre-flight): measured here
         one_per_row = documents_per_row(AutoConfig.from_pretrained(str(model_path)), cfg.attn_implementation)
+    if prepared:
+        data = open_prepared(storage.parent(), prepared["train"], cache_dir)
+        eval_data = open_prepared(storage.parent(), prepared["eval"], cache_dir) if cfg.evaluates else None
+        return Inputs(model_path, tokenizer, data, eval_data)
     data = prepare(DataSpec.from_config(cfg, one_per_row), tokenizer=tokenizer, seq_len=cfg.seq_len,
                    cache_dir=cache_dir, storage_fs=remote_fs)
     eval_data = prepare(DataSpec.eval_from_config(cfg, one_per_row), tokenizer=tokenizer, seq_len=cfg.seq_len,
@@ -210,6 +217,7 @@ def train_func(config: dict) -> None:
     inputs = config.pop(INPUTS_KEY, None)
     one_per_row = config.pop(ONE_PER_ROW_KEY, None)
     memory_plan = config.pop(MEMORY_PLAN_KEY, None)
+    prepared = config.pop(PREPARED_KEY, None)
     cfg = TrainConfig.from_dict(config)
     ctx = ray.train.get_context()
     device = None
@@ -227,6 +235,6 @@ def train_func(config: dict) -> None:
 
     run(cfg, env, storage, latest_checkpoint=latest.path if latest else None, reporter=reporter,
         preemption=ray.train.get_preemption_info, chat_template=chat_template, inputs=inputs, one_per_row=one_per_row,
-        memory_plan=memory_plan)
+        memory_plan=memory_plan, prepared=prepared)
     if dist.is_initialized():
         dist.barrier()
