@@ -17,9 +17,9 @@ from facts.errors import EXIT_FAILED, EXIT_OK, UserError, first_line
 from trainer.config.flags import ConfigError, TrainConfig, flag, is_inline_template, is_remote
 from trainer.config.load import absolute_storage, add_arguments, from_args
 from trainer.data import sources
-from trainer.data.formats import Renderer
 from trainer.data.distributed import prepare_on_ray
-from trainer.data.packing import DataError, DataSpec, check_records, prepare, too_few_rows, tokenizer_fingerprint
+from trainer.data.formats import Renderer
+from trainer.data.packing import DataError, DataSpec, check_records, prepare, tokenizer_fingerprint, too_few_rows
 from trainer.data.packing import summary as data_summary
 from trainer.jobs import interrupt
 from trainer.jobs.cluster import ClusterError, check_capacity, check_reachable, check_single_node
