@@ -57,21 +57,3 @@ def extended(instance: Any, *, efa: bool = True) -> dict[str, str]:
         found[EFA] = str(instance.efa_interfaces)
         found[HUGEPAGES_2MI] = EFA_HUGEPAGES_REQUEST
     return found
-
-# The job's driver packs the whole dataset in memory during its pre-flight (trainer.data.packing), measured
-# on this project's machines (Qwen2 tokenizer, ~860-token chat records): about 0.5 GB plus 21.6 bytes per
-# token at the peak. A JSONL chat dataset holds about 4 bytes per token (English text; JSON keys add more
-# bytes, so this over-counts tokens: the estimate errs towards too much memory).
-DRIVER_FIXED_BYTES = 500_000_000
-PACK_PEAK_BYTES_PER_TOKEN = 21.6
-DATASET_BYTES_PER_TOKEN = 4.0
-
-
-def driver_peak_bytes(tokens: float) -> float:
-    """What the driver's pre-flight needs at its peak to pack `tokens` tokens."""
-    return DRIVER_FIXED_BYTES + PACK_PEAK_BYTES_PER_TOKEN * tokens
-
-
-def tokens_that_fit(memory_bytes: float) -> int:
-    """The most tokens a driver with `memory_bytes` can pack (0 when not even the fixed part fits)."""
-    return max(0, int((memory_bytes - DRIVER_FIXED_BYTES) / PACK_PEAK_BYTES_PER_TOKEN))

@@ -5,9 +5,9 @@ the project's demo tokenizer, or --tokenizer FOLDER) as JSON Lines in a temporar
 prepares it (tokenize, mask, pack, write) on each path, each in a fresh process so that its peak
 RSS is its own (the kernel's ru_maxrss of that process; the Ray path's workers report theirs):
 
-    single   today's trainer.data.packing.prepare, one process, one core
+    single   trainer.data.packing.prepare, one process, one core (what `trainer data` does)
     ray      trainer.data.distributed.prepare_on_ray with 1 and 2 CPU workers (--workers) on a local Ray
-             cluster (or --address); where that module is missing, one line says so
+             cluster (or --address): what every run on a cluster does
 
 One JSON line per path and worker count (path, workers, records, tokens, seconds, records_per_s,
 tokens_per_s, peak_rss_bytes, disk_bytes), the same again at a quarter of the records when that
@@ -253,13 +253,6 @@ def main(argv: Sequence[str]) -> int:
     tokenizer_dir = args.tokenizer or str(_demo_tokenizer(root / "tokenizer"))
     tokenizer = load_tokenizer(tokenizer_dir)
     sizes = [args.records] + ([args.records // 4] if args.records // 4 >= MIN_RECORDS else [])
-    if "ray" in paths and not ray_path_here():
-        emit({"path": "ray", "workers": workers, "error": "the Ray path is not here: trainer.data.distributed."
-              "prepare_on_ray (issue 27) cannot be imported; --paths single runs today's path alone"})
-        paths = [path for path in paths if path != "ray"]
-        failed_ray = 1
-    else:
-        failed_ray = 0
     runs = [(path, w) for path in paths for w in ([1] if path == "single" else workers)]
     lines, quarter, cpus, failed = [], [], args.cpus, 0
     for n in sizes if runs else ():
@@ -279,15 +272,7 @@ def main(argv: Sequence[str]) -> int:
             (lines if n == args.records else quarter).append(emit(line(path, w, found)))
     if lines:
         emit(summary(lines, quarter, cpus or os.cpu_count() or 1))
-    return 1 if failed or failed_ray else 0
-
-
-def ray_path_here() -> bool:
-    """Whether trainer.data.distributed.prepare_on_ray exists (found without importing ray)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("trainer.data.distributed")
-    return spec is not None and "def prepare_on_ray(" in Path(spec.origin).read_text()
+    return 1 if failed else 0
 
 
 def _demo_tokenizer(folder: Path) -> Path:

@@ -1,12 +1,14 @@
-"""Training data: records -> tokens with a loss mask -> packed rows, cached per node, sharded per rank.
+"""Training data: records -> tokens with a loss mask -> packed rows, written as shards, sharded per rank.
 
-Pipeline: records (trainer.model.sources: hub, files, folders, save_to_disk, s3://, read by
+Pipeline: records (trainer.data.sources: hub, files, folders, save_to_disk, s3://, read by
 `datasets`) -> token ids and a trained mask (trainer.data.formats: TRL's formats, the chat
-template, TRL's masks) -> documents packed into rows of seq_len tokens (best fit),
-position ids restarting at 0 for each document, labels pre-shifted and -100 everywhere
-except trained tokens. The packed rows are cached per node (keyed by data, tokenizer,
-seq_len and the masking choices) as .npy files; each rank memory-maps them and reads only
-the rows of its own shard of each step.
+template, TRL's masks) -> documents packed into rows of seq_len tokens (best fit within each
+chunk of CHUNK_RECORDS records), position ids restarting at 0 for each document, labels
+pre-shifted and -100 everywhere except trained tokens -> one shard per chunk
+(trainer.data.shards), keyed by data, tokenizer, seq_len and the masking choices. A run on a
+cluster has Ray tasks prepare the chunks (trainer.data.distributed); `prepare` here does them
+one after the other in this process, into the node's cache. Each rank memory-maps the shards
+and reads only the rows of its own share of each step.
 
 The rows of step s are a fixed slice of a seeded per-epoch permutation, so the data
 position is just the step number, and the global batch is identical whatever the number
@@ -34,7 +36,7 @@ __all__ = ["DataError", "RecordError", "DataSpec", "PackedData", "prepare", "pac
 
 IGNORE_INDEX = -100
 FORMAT_VERSION = 5  # 5: best fit per chunk of CHUNK_RECORDS, shards; 4: no record with only empty assistant turns
-CHUNK_RECORDS = 16384  # records packed together (best fit) and written as one shard: the unit of parallel work
+CHUNK_RECORDS = 4096  # records packed together (best fit), one shard, one task: enough chunks to spread over CPUs
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from trainer.config.load import absolute_storage, add_arguments, from_args
 from trainer.data import sources
 from trainer.data.distributed import prepare_on_ray
 from trainer.data.formats import Renderer
-from trainer.data.packing import DataError, DataSpec, check_records, prepare, tokenizer_fingerprint, too_few_rows
+from trainer.data.packing import DataError, DataSpec, check_records, pack_dataset, prepare, tokenizer_fingerprint, too_few_rows
 from trainer.data.packing import summary as data_summary
 from trainer.jobs import interrupt
 from trainer.jobs.cluster import ClusterError, check_capacity, check_reachable, check_single_node
@@ -131,7 +131,8 @@ def preflight(cfg: TrainConfig, storage_filesystem: Any = None, *, full_data: bo
     info["tokenizer"] = tokenizer
     info["data_later"] = full_data and data_later
     if model_ok and for_run:
-        info["inputs"] = resume.inputs(cfg, data=(info.get("data") or {}).get("source_fingerprint"),
+        info["inputs"] = resume.inputs(cfg, data=(info.get("data") or {}).get("source_fingerprint",
+                                                                           info.get("data_fingerprint")),
                                        tokenizer=tokenizer_fingerprint(tokenizer),
                                        model=resume.model_identity(cfg.model, storage_fs=fs_for(cfg.model)),
                                        chat_template=template)
@@ -237,6 +238,14 @@ def _check_data(cfg: TrainConfig, tokenizer, dataset_fs: Any, info: dict, *, ful
     renderer = Renderer(tokenizer, cfg.train_on) if tokenizer is not None else None
     check_records(found.records, cfg.dataset, renderer=renderer, text_field=cfg.dataset_text_field)
     info["sampled_records"] = len(found.records)
+    if for_run and not is_remote(cfg.dataset) and not cfg.dataset.startswith("mixture:"):
+        source = sources.resolve(cfg.dataset, config=cfg.dataset_config, split=cfg.dataset_split)
+        if source.kind != "hub":  # a local file's content hash: a resume with changed data is refused here
+            info["data_fingerprint"] = sources.fingerprint(source, cfg.resolved_cache_dir)
+    if tokenizer is not None and found.size.records == len(found.records):  # the sample is the whole dataset
+        stats = pack_dataset(found.records, DataSpec.from_config(cfg, one_per_row), tokenizer, cfg.seq_len)
+        if for_run and stats.rows < cfg.global_batch_size:
+            raise DataError(too_few_rows(stats.rows, cfg.seq_len, cfg.global_batch_size))
     too_big, info["data_size"] = data_refusal(cfg, tokenizer, found, info)
     if too_big:
         raise DataError(too_big)
