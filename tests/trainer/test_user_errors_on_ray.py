@@ -68,6 +68,28 @@ def test_a_submitted_job_that_finds_a_bad_input_exits_2_as_the_cli_does(ray_clus
     assert "Run too-big-job: FAILED" in proc.stderr and "asks for 20 CPU" in proc.stdout + proc.stderr
 
 
+def test_a_bad_record_past_the_pre_flights_sample_is_found_by_the_clusters_data_pass_exit_2(
+        ray_cluster, demo_assets, trainer_cache, tmp_path):
+    """The pre-flight reads 100 records; record 437 is found by a chunk task on the cluster (trainer.data.distributed),
+    named by its number in the whole dataset as the pre-flight would name it, before any run folder exists."""
+    import json
+
+    rows = [json.loads(line) for line in Path(demo_assets["train"]).read_text().splitlines()]
+    rows[437] = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant"}]}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = runs.config(demo_assets, trainer_cache, str(tmp_path / "runs"), "bad-record", dataset=str(bad))
+    proc, seconds = _cli("train", "--address", ray_cluster.address, *runs.cli_flags(cfg), env=ray_cluster.client_env())
+    print(f"train, record 437 of 600 bad: exit {proc.returncode} after {seconds:.1f} s")
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
+    (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert f"--dataset: dataset {str(bad)!r} record 437 field messages[1].content: missing" in proc.stderr, \
+        proc.stderr[-3000:]
+    assert not (tmp_path / "runs" / "bad-record").exists()
+    assert not list((tmp_path / "runs").rglob("meta.json")), "a failed pass leaves nothing that is read"
+
+
 def test_a_finished_run_pointed_at_new_data_or_settings_is_refused_listing_what_changed(
         ray_cluster, demo_assets, trainer_cache, tmp_path):
     reference = runs.reference_run(demo_assets, trainer_cache)
