@@ -241,7 +241,7 @@ def _check_data(cfg: TrainConfig, tokenizer, dataset_fs: Any, info: dict, *, ful
     if for_run and not is_remote(cfg.dataset) and not cfg.dataset.startswith("mixture:"):
         source = sources.resolve(cfg.dataset, config=cfg.dataset_config, split=cfg.dataset_split)
         if source.kind != "hub":  # a local file's content hash: a resume with changed data is refused here
-            info["data_fingerprint"] = sources.fingerprint(source, cfg.resolved_cache_dir)
+            info["data_fingerprint"] = sources.fingerprint(source)  # not memoized: the cache may be unusable
     if tokenizer is not None and found.size.records == len(found.records):  # the sample is the whole dataset
         stats = pack_dataset(found.records, DataSpec.from_config(cfg, one_per_row), tokenizer, cfg.seq_len)
         if for_run and stats.rows < cfg.global_batch_size:
