@@ -60,8 +60,12 @@ def pytest_itemcollected(item):
     """Every test that needs the session's Ray cluster is a `ray` test: `pytest -m "not ray"` is the fast tier.
 
     Under pytest-xdist (pytest.ini: `--dist loadgroup`) each Ray group runs on one worker in file order: one
-    session cluster per group, each module's shared runs reused, while the other tests fill the gaps. Marked as
-    each item is collected, before any collection_modifyitems hook (xdist's reads the groups in its own)."""
+    session cluster per group, each module's shared runs reused, while the other tests fill the gaps, a module to a
+    worker (its module-scoped fixtures built once, not once per worker). Marked as each item is collected, before
+    any collection_modifyitems hook (xdist's reads the groups in its own)."""
+    module = item.module.__name__
     if "ray_cluster" in getattr(item, "fixturenames", ()):
         item.add_marker(pytest.mark.ray)
-        item.add_marker(pytest.mark.xdist_group(RAY_GROUP_OF_MODULE.get(item.module.__name__.rsplit(".", 1)[-1], "ray")))
+        item.add_marker(pytest.mark.xdist_group(RAY_GROUP_OF_MODULE.get(module.rsplit(".", 1)[-1], "ray")))
+    else:
+        item.add_marker(pytest.mark.xdist_group(module))
