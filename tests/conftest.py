@@ -57,7 +57,8 @@ RAY_GROUP_OF_MODULE = {name: "ray-reference" for name in (
 
 
 def pytest_itemcollected(item):
-    """Every test that needs the session's Ray cluster is a `ray` test: `pytest -m "not ray"` is the fast tier.
+    """Every test that needs the session's Ray cluster is a `ray` test: `pytest -m "not ray and not slow"` is the
+    fast tier (`slow`: the few Ray-free tests of ~8 s or more, marked where they are).
 
     Under pytest-xdist (pytest.ini: `--dist loadgroup`) each Ray group runs on one worker in file order: one
     session cluster per group, each module's shared runs reused, while the other tests fill the gaps, a module to a

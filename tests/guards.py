@@ -15,3 +15,22 @@ def nonempty(items: Iterable[T], what: str) -> list[T]:
     found = list(items)
     assert found, f"no {what}: the checks over them would pass without checking anything"
     return found
+
+
+def parse_python(source: str):
+    """ast.parse, in a thread of its own when this one's recursion counters are off: CPython 3.11's AST
+    constructor can raise `SystemError: AST constructor recursion depth mismatch` in a process where other tests
+    changed the recursion limit (torch, jinja2); a fresh thread state starts its counters anew."""
+    import ast
+    import threading
+
+    try:
+        return ast.parse(source)
+    except SystemError:
+        found: list = []
+        worker = threading.Thread(target=lambda: found.append(ast.parse(source)))
+        worker.start()
+        worker.join()
+        if not found:
+            raise
+        return found[0]

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.guards import nonempty
+from tests.guards import nonempty, parse_python
 
 TESTS = Path(__file__).resolve().parent
 HELPER = "nonempty"
@@ -162,7 +162,7 @@ def _test_functions(tree: ast.Module):
 
 def unguarded(source: str) -> list[tuple[int, str]]:
     """(line, what) of each loop of checks, or all(...) assert, over a collection not known to be non-empty."""
-    tree = ast.parse(source)
+    tree = parse_python(source)
     literals = _module_literals(tree)
     found = []
     for function in _test_functions(tree):

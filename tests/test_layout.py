@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.guards import nonempty
+from tests.guards import nonempty, parse_python
 
 REPO = Path(__file__).resolve().parent.parent
 OURS = ("facts", "infra", "workloads", "deploy", "trainer", "policy", "tests")
@@ -29,7 +29,7 @@ ALLOWED = {  # package -> which of ours it may import
 def imported(path: Path) -> set[str]:
     """Top-level names of every module `path` imports, relative imports resolved to its own package."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parse_python(path.read_text())):
         if isinstance(node, ast.Import):
             found.update(a.name.split(".")[0] for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -69,7 +69,7 @@ def trainer_imports() -> dict[str, set[str]]:
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         found = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse_python(path.read_text())):
             if isinstance(node, ast.ImportFrom):
                 base = (node.module or "") if not node.level else \
                     ".".join([*package.split(".")[:len(package.split(".")) - node.level + 1], *filter(None, [node.module])])

@@ -164,6 +164,7 @@ def _shard_worker(rank: int, world: int, port: int, folders: list[str], out_dir:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_two_ranks_each_read_only_their_rows_and_build_the_from_pretrained_model(arch_model, tmp_path):
     from safetensors import safe_open
 

@@ -155,6 +155,7 @@ def test_harness_runs_the_same_training_under_ray_and_torchrun(ray_cluster, trai
     assert lines["summary"]["ray_vs_torchrun"] > 0
 
 
+@pytest.mark.slow
 def test_throughput_of_any_architecture_from_its_config_folder_or_file(tmp_path, capsys):
     """A Mixtral folder (config only) and a Gemma 2 config.json: the real shape in the FLOPs, MoE aux loss and all;
     without accelerate installed, the transformers baseline's line names the fix and the trainer's still runs."""

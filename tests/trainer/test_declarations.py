@@ -14,6 +14,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Iterable
 
+from tests.guards import parse_python
+
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "trainer" / "config"
 
@@ -34,11 +36,11 @@ def attribute_reads(tree: ast.AST, owner: str | None = None) -> set[str]:
 def flag_reads(config_source: str, outside: Iterable[str], class_name: str = "TrainConfig") -> tuple[set, set]:
     """(declared fields nothing reads, declared fields that are read) of `class_name` in `config_source`,
     given the sources of every module outside the configuration."""
-    (klass,) = [n for n in ast.parse(config_source).body if isinstance(n, ast.ClassDef) and n.name == class_name]
+    (klass,) = [n for n in parse_python(config_source).body if isinstance(n, ast.ClassDef) and n.name == class_name]
     declared = {n.target.id for n in klass.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
     members = {n.name: attribute_reads(n, "self") | attribute_reads(n, "cls") for n in klass.body
                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    read = set().union(*(attribute_reads(ast.parse(source)) for source in outside))
+    read = set().union(*(attribute_reads(parse_python(source)) for source in outside))
     used, todo = set(), [m for m in members if m in read]
     while todo:  # members used outside, and the members they use
         member = todo.pop()

@@ -29,6 +29,8 @@ from trainer.loop.step import model_inputs
 
 from .test_architectures import assert_same_tensors, every_tensor
 
+pytestmark = pytest.mark.slow  # the sweep builds every registered architecture: the whole suite, not the fast tier
+
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "architectures.md"
 BEGIN, END = "<!-- every-architecture table: begin -->", "<!-- every-architecture table: end -->"
 CPU = torch.device("cpu")

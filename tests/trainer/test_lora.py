@@ -93,6 +93,7 @@ def _resume_share(rank: int, model, opt, model_dir: str, out_dir: str) -> dict:
     return {"fetched": fetched, "same": same, "same_moments": bool(moments) and all(torch.equal(a, b) for a, b in moments)}
 
 
+@pytest.mark.slow
 def test_lora_under_fsdp2_on_two_ranks_is_peft_in_one_process(demo_assets, tmp_path):
     """Two real gloo ranks (FSDP2's sharded adapters and gradient reduction, DCP's per-rank files, need a 2-rank
     world): the same loss and adapter gradients per step as peft's own model on one process; frozen weights get

@@ -166,6 +166,7 @@ def _fsdp_worker(rank: int, world: int, port: int, model_dir: str, out_dir: str)
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_chunked_equals_plain_under_fsdp2_with_the_tied_head_sharded(demo_assets, tmp_path):
     mp.start_processes(_fsdp_worker, args=(2, free_port(), str(demo_assets["model"]), str(tmp_path)),
                        nprocs=2, join=True, start_method="spawn")

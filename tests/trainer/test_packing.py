@@ -63,7 +63,7 @@ def _batch(arrays, rows=slice(None)):
 # flex_attention is what the padding benchmark uses on a GPU; on CPU it compiles for each batch shape (tens of
 # seconds each), so both batches below have one shape: the documents alone are one row each, and the packed
 # batch is filled up to as many rows with rows of padding only (no trained token: no document of theirs).
-@pytest.mark.parametrize("attn", ["sdpa", "eager", "flex_attention"])
+@pytest.mark.parametrize("attn", ["sdpa", "eager", pytest.param("flex_attention", marks=pytest.mark.slow)])
 def test_packed_batch_gives_the_same_per_document_losses_as_documents_alone(tokenizer, attn):
     model = _model(attn)
     docs = _docs(tokenizer)

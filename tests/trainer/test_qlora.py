@@ -86,6 +86,7 @@ def _hybrid_check(model_dir: str, vocab: int, rank: int) -> dict:
             "adapters": {n: p.full_tensor().clone() for n, p in adapters.adapter_parameters(model).items()}}
 
 
+@pytest.mark.slow
 def test_nf4_under_fsdp2_on_two_ranks_is_torchao_unsharded_and_peft_in_one_process(demo_assets, tmp_path):
     """Two gloo ranks: each NF4 weight's shards, gathered by FSDP2, dequantize exactly to torchao's to_nf4 of the
     whole checkpoint tensor; the NF4 weights get no gradient and do not change; loss and adapter gradients per step
