@@ -91,6 +91,15 @@ def test_packing_per_chunk_fills_rows_within_a_point_of_global_best_fit():
     assert len(packing.chunk_starts(len(lengths))) >= 8 and chunked >= whole and fill_whole - fill_chunked < 0.01
 
 
+def test_the_coordinator_runs_beside_cpus_and_never_on_a_head_without_them():
+    head = {"NodeID": "h", "Alive": True, "Resources": {"memory": 8e9}}  # EKS's head: num-cpus 0
+    gpu = {"NodeID": "g", "Alive": True, "Resources": {"CPU": 48.0, "GPU": 4.0}}
+    gone = {"NodeID": "x", "Alive": False, "Resources": {"CPU": 8.0}}
+    assert distributed.coordinator_placement([head, gone, gpu]) == ("g", {"num_cpus": 0, "max_retries": 0})
+    # a scaled-to-zero pool: one CPU asked for, so the autoscaler starts a node; never the head's zero
+    assert distributed.coordinator_placement([head, gone]) == (None, {"num_cpus": 1, "max_retries": 0})
+
+
 def test_the_ray_path_packs_the_same_rows_as_this_process_for_one_and_two_workers(ray_cluster, single, data_file,
                                                                                   tok, tmp_path):
     spec = DataSpec(str(data_file))

@@ -25,6 +25,8 @@ from trainer.data import packing, shards, sources
 from trainer.data.packing import CHUNK_RECORDS, DataSpec, PackedData, PackStats
 from trainer.storage import Storage
 
+MIN_IN_FLIGHT = 16  # chunk tasks queued at least: on an autoscaling cluster, the demand that brings up nodes
+
 
 def prepared_storage(storage: Storage, key: str) -> Storage:
     """Where a preparation's shards live in the run storage."""
@@ -36,17 +38,16 @@ def prepare_on_ray(data: DataSpec, tokenizer, seq_len: int, storage: Storage, ca
     """The dataset prepared on the connected Ray cluster into `storage`'s _data/<key> (or found there); its meta,
     with `prep`: workers, chunks, seconds, peak_rss_bytes (the largest process's), disk_bytes, reused.
 
-    `workers`: chunk tasks at once (default: the cluster's CPUs). A bad record raises its DataError, numbered
-    as in the whole dataset."""
+    `workers`: chunk tasks at once (default: the cluster's CPUs, at least MIN_IN_FLIGHT). A bad record raises
+    its DataError, numbered as in the whole dataset."""
     import ray
 
-    node = _node_with_cpus()
-    options: dict[str, Any] = {"num_cpus": 0, "max_retries": 0}
-    if node:  # not the head (it offers no CPU on EKS): the coordinator reads the source
+    node, options = coordinator_placement(ray.nodes())
+    if node:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=True)
-    limit = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+    limit = workers or max(MIN_IN_FLIGHT, int(ray.cluster_resources().get("CPU", 0)))
     coordinator = ray.remote(_coordinate).options(**options)
     ref = coordinator.remote(data, [ray.put(tokenizer)], seq_len, storage, str(cache_dir), dataset_fs, limit,
                              chunk_records)
@@ -68,13 +69,15 @@ def open_prepared(storage: Storage, key: str, cache_dir: str | Path) -> PackedDa
     return PackedData(target)
 
 
-def _node_with_cpus() -> str | None:
-    import ray
+def coordinator_placement(nodes: list[dict]) -> tuple[str | None, dict[str, Any]]:
+    """Where the coordinator runs, from ray.nodes(): beside CPUs, never on a head that offers none (EKS's).
 
-    for node in ray.nodes():
+    On a live node with CPUs it takes none of them (pinned there, softly), so the chunk tasks have them all;
+    with no such node yet (a scaled-to-zero pool) it asks for one CPU, which has the autoscaler start a node."""
+    for node in nodes:
         if node.get("Alive") and node.get("Resources", {}).get("CPU", 0) > 0:
-            return node["NodeID"]
-    return None
+            return node["NodeID"], {"num_cpus": 0, "max_retries": 0}
+    return None, {"num_cpus": 1, "max_retries": 0}
 
 
 def _cause(error) -> BaseException:
