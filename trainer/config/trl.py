@@ -121,7 +121,8 @@ ACCEPTED: dict[str, tuple[Callable[..., bool], str, str]] = {
     "use_liger_kernel": (_is(True, False), "kernels are chosen by this trainer (the loss is the same)",
                          "must be true or false"),
     "dataset_streaming": (_is(False), "the dataset is read whole",
-                          "datasets are read whole and cached per node; set dataset_streaming: false"),
+                          "datasets are prepared whole, once, by the cluster (shards in the run storage); set "
+                          "dataset_streaming: false"),
     "optim": (_is("adamw_torch", "adamw_torch_fused"), "the optimizer is AdamW (fused on GPU)", REFUSED["optim"]),
     "trust_remote_code": (_is(False), "no custom model code is run",
                           "models with custom code are not loaded (no trust_remote_code); set it false or remove it"),

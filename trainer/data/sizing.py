@@ -19,9 +19,10 @@ from trainer.data.formats import Renderer, to_example
 from trainer.data.packing import CHUNK_RECORDS
 
 GIB = 1024 ** 3
-# Tokenize + render + pack, per token, on one core: today's single-process packing.prepare with Qwen2's real
-# tokenizer on synthetic chat records of ~860 tokens (issue 27's profile, this project's x86 machines). The Ray
-# path divides it by the cluster's CPUs; `python -m trainer.bench data` measures it again.
+# Tokenize + render + pack, per token, on one core: the single-process path with Qwen2's real tokenizer on
+# synthetic chat records of ~860 tokens, measured before the batch encode and the one-render prefixes (which saved
+# 10-20%): an upper bound. The cluster's pass divides it by its CPUs; `python -m trainer.bench data` measures
+# ~1 us with the demo's byte-level tokenizer (Qwen2's was not at hand to measure again).
 PREP_SECONDS_PER_TOKEN_PER_CORE = 7.5e-6
 FILL_DOCUMENTS = 2000  # documents packed to measure the fill (best fit's rows fill ~99% on instruction data)
 SLOT_BYTES = 3 * 4  # input_ids, labels, position_ids: int32 per token slot
