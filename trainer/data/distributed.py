@@ -116,8 +116,7 @@ def _coordinate(data: DataSpec, tokenizer_box: list, seq_len: int, storage: Stor
                                               "chunks": len(found["shards"]), "peak_rss_bytes": _peak_rss(),
                                               "disk_bytes": sum(out.file_sizes().values())}}
     task = ray.remote(_pack_task).options(num_cpus=1, max_retries=1)
-    arrow = ds.with_format("arrow") if hasattr(ds, "with_format") else None
-    features = getattr(ds, "features", None)  # how `datasets` decodes its stored columns (Json ones, for example)
+    arrow = ds.with_format("arrow")  # chunks sliced from the memory-mapped table
     pending, done = {}, {}
 
     def collect(ready) -> None:
@@ -133,9 +132,8 @@ def _coordinate(data: DataSpec, tokenizer_box: list, seq_len: int, storage: Stor
             while len(pending) >= limit:
                 ready, _ = ray.wait(list(pending), num_returns=1)
                 collect(ready)
-            rows = _ipc(arrow[start:start + chunk_records]) if arrow is not None else \
-                packing.chunk_of(ds, start, chunk_records)
-            pending[task.remote(index, start, rows, features, data, tokenizer_ref, seq_len, out)] = index
+            rows = _ipc(arrow[start:start + chunk_records])
+            pending[task.remote(index, start, rows, ds.features, data, tokenizer_ref, seq_len, out)] = index
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
             collect(ready)
@@ -156,15 +154,14 @@ def _coordinate(data: DataSpec, tokenizer_box: list, seq_len: int, storage: Stor
     return {**meta, "key": key, "prep": prep}
 
 
-def _pack_task(index: int, start: int, rows, features, data: DataSpec, tokenizer, seq_len: int,
+def _pack_task(index: int, start: int, ipc: bytes, features, data: DataSpec, tokenizer, seq_len: int,
                out: Storage) -> dict:
-    """One chunk: its records (Arrow IPC bytes decoded by the dataset's `features` as iterating it would, or a
-    list) tokenized, packed and written as shard `index`."""
-    if isinstance(rows, bytes):
-        import pyarrow as pa
+    """One chunk: its records (Arrow IPC bytes, decoded by the dataset's `features` as iterating it would: Json
+    columns, for example) tokenized, packed and written as shard `index`."""
+    import pyarrow as pa
 
-        stored = pa.ipc.open_stream(rows).read_all().to_pylist()
-        rows = (features.decode_example(r) for r in stored) if features is not None else stored
-    arrays, stats = packing.pack_chunk(rows, data, tokenizer, seq_len, start)
+    stored = pa.ipc.open_stream(ipc).read_all().to_pylist()
+    records = (features.decode_example(r) for r in stored)
+    arrays, stats = packing.pack_chunk(records, data, tokenizer, seq_len, start)
     written = shards.write_shard(out, index, arrays)
     return {"stats": stats.__dict__, "disk_bytes": written, "peak_rss_bytes": _peak_rss()}

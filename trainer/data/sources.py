@@ -377,7 +377,8 @@ def fingerprint(source: Source, cache_dir: str | Path | None = None) -> dict:
 
 
 def content_hash(path: Path, cache_dir: str | Path | None = None) -> str:
-    """sha256 of a file, remembered per (path, size, mtime) in the cache so each rank does not read it again."""
+    """sha256 of a file, remembered per (path, size, mtime) in the cache so each rank does not read it again (a
+    cache that cannot be written only loses the memo: the pre-flight reports an unusable --cache-dir itself)."""
     st = path.stat()
     memo = None
     if cache_dir:
@@ -394,10 +395,13 @@ def content_hash(path: Path, cache_dir: str | Path | None = None) -> str:
         raise DataError(f"dataset file {path}: cannot be read ({type(e).__name__}: {e})") from None
     digest = h.hexdigest()
     if memo is not None:
-        memo.parent.mkdir(parents=True, exist_ok=True)
         tmp = memo.with_name(memo.name + f".{os.getpid()}.tmp")
-        tmp.write_text(digest)
-        tmp.replace(memo)
+        try:
+            memo.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(digest)
+            tmp.replace(memo)
+        except OSError:
+            pass
     return digest
 
 

@@ -17,7 +17,7 @@ from facts.errors import EXIT_FAILED, EXIT_OK, UserError, first_line
 from trainer.config.flags import ConfigError, TrainConfig, flag, is_inline_template, is_remote
 from trainer.config.load import absolute_storage, add_arguments, from_args
 from trainer.data import sources
-from trainer.data.distributed import prepare_on_ray
+from trainer.data.distributed import prepare_on_ray, prepared_storage
 from trainer.data.formats import Renderer
 from trainer.data.packing import DataError, DataSpec, check_records, pack_dataset, prepare, tokenizer_fingerprint, too_few_rows
 from trainer.data.packing import summary as data_summary
@@ -241,7 +241,7 @@ def _check_data(cfg: TrainConfig, tokenizer, dataset_fs: Any, info: dict, *, ful
     if for_run and not is_remote(cfg.dataset) and not cfg.dataset.startswith("mixture:"):
         source = sources.resolve(cfg.dataset, config=cfg.dataset_config, split=cfg.dataset_split)
         if source.kind != "hub":  # a local file's content hash: a resume with changed data is refused here
-            info["data_fingerprint"] = sources.fingerprint(source)  # not memoized: the cache may be unusable
+            info["data_fingerprint"] = sources.fingerprint(source, cfg.resolved_cache_dir)  # memo: the pass reuses it
     if tokenizer is not None and found.size.records == len(found.records):  # the sample is the whole dataset
         stats = pack_dataset(found.records, DataSpec.from_config(cfg, one_per_row), tokenizer, cfg.seq_len)
         if for_run and stats.rows < cfg.global_batch_size:
@@ -309,7 +309,7 @@ def prepare_run_data(cfg: TrainConfig, storage_filesystem: Any, found: dict) -> 
     prep = meta["prep"]
     how = "found ready" if prep["reused"] else f"prepared by {prep['workers']} CPU workers in {prep['seconds']:.0f} s"
     notes = [f"data: {meta['records']:,} records packed into {meta['rows']:,} rows, {len(meta['shards'])} shards in "
-             f"{storage.path('_data', meta['key'])} ({how})"] + data_summary(meta, cfg.overlong)
+             f"{prepared_storage(storage, meta['key']).root} ({how})"] + data_summary(meta, cfg.overlong)
     prepared = {"train": meta["key"]}
     if cfg.evaluates:
         try:

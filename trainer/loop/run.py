@@ -158,12 +158,12 @@ def fetch_inputs(cfg: TrainConfig, storage: Storage, chat_template: str | None,
     if chat_template:
         tokenizer.chat_template = chat_template
     set_eos_token(tokenizer, cfg.eos_token)
-    if one_per_row is None:  # no driver's verdict (a run started without its pre-flight): measured here
-        one_per_row = documents_per_row(AutoConfig.from_pretrained(str(model_path)), cfg.attn_implementation)
-    if prepared:
+    if prepared:  # packed by the cluster with the driver's packing verdict
         data = open_prepared(storage.parent(), prepared["train"], cache_dir)
         eval_data = open_prepared(storage.parent(), prepared["eval"], cache_dir) if cfg.evaluates else None
         return Inputs(model_path, tokenizer, data, eval_data)
+    if one_per_row is None:  # no driver's verdict (a run started without its pre-flight): measured here
+        one_per_row = documents_per_row(AutoConfig.from_pretrained(str(model_path)), cfg.attn_implementation)
     data = prepare(DataSpec.from_config(cfg, one_per_row), tokenizer=tokenizer, seq_len=cfg.seq_len,
                    cache_dir=cache_dir, storage_fs=remote_fs)
     eval_data = prepare(DataSpec.eval_from_config(cfg, one_per_row), tokenizer=tokenizer, seq_len=cfg.seq_len,
